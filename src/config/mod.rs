@@ -1,0 +1,327 @@
+//! The validated configuration model: every other module reads this, never raw TOML.
+//!
+//! `load` parses a file, checks all of it, and returns either a `Config` or every
+//! problem found, each located at FILE:LINE:COL.
+
+mod tree;
+mod validate;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::NonZeroU64;
+use std::path::Path;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use regex::Regex;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: Server,
+    pub admin: Admin,
+    pub limiter: Limiter,
+    pub upstreams: Vec<Upstream>,
+    pub policies: Vec<Policy>,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub listen: Vec<SocketAddr>,
+    pub threads: usize,
+    pub grace_period: Duration,
+    pub trusted_proxies: Vec<IpNet>,
+    /// Lower-case header name.
+    pub client_ip_header: String,
+    pub access_log: AccessLog,
+    pub headers: HeaderStyle,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLog {
+    Json,
+    Text,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderStyle {
+    Ietf,
+    Legacy,
+    Off,
+}
+
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limiter {
+    pub backend: Backend,
+    pub timeout: Duration,
+    pub key_prefix: String,
+    pub clock: ClockSource,
+    pub on_error: OnError,
+    pub deny_cache: usize,
+    pub max_keys: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Memory,
+    Redis(String),
+    Cluster(Vec<String>),
+    Sentinel { master: String, nodes: Vec<String> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockSource {
+    Redis,
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    Allow,
+    Deny,
+    Local,
+}
+
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub name: String,
+    pub servers: Vec<String>,
+    pub balance: Balance,
+    pub tls: bool,
+    pub sni: String,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    pub health_interval: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    RoundRobin,
+    Random,
+    Hash,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    TokenBucket,
+    Gcra,
+    LeakyBucket,
+    Concurrency,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 7] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
+        }
+    }
+}
+
+/// One part of a policy key (DESIGN §2.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    ClientIp,
+    ClientNet(u8),
+    Header(String),
+    Query(String),
+    Cookie(String),
+    Path,
+    Method,
+    Host,
+    Route,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Enforce,
+    Shadow,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnMissing {
+    Skip,
+    Deny,
+    Shared,
+}
+
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub limit: NonZeroU64,
+    pub period: Duration,
+    pub burst: NonZeroU64,
+    pub key: Vec<KeyPart>,
+    pub cost: u64,
+    pub mode: Mode,
+    /// `Some(max_delay)` when `on_exceed = "delay"`.
+    pub delay: Option<Duration>,
+    pub status: u16,
+    pub on_missing: OnMissing,
+    pub exempt: Vec<IpNet>,
+    pub on_error: Option<OnError>,
+    pub lease: Duration,
+}
+
+impl Policy {
+    /// Whether two versions of a policy count the same way (so cached denials stay true).
+    pub fn same_rule(&self, other: &Policy) -> bool {
+        self.algorithm == other.algorithm
+            && self.limit == other.limit
+            && self.period == other.period
+            && self.burst == other.burst
+            && self.key == other.key
+            && self.cost == other.cost
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub hosts: Vec<HostMatch>,
+    pub path: PathMatch,
+    /// Empty means every method.
+    pub methods: Vec<String>,
+    pub target: Target,
+    /// Indexes into `Config::policies`.
+    pub policies: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    /// Lower-case host name.
+    Exact(String),
+    /// `*.example.org`, stored as `.example.org`.
+    Suffix(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum PathMatch {
+    Any,
+    Exact(String),
+    Prefix(String),
+    Regex(Regex),
+}
+
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Index into `Config::upstreams`.
+    Upstream(usize),
+    Respond {
+        status: u16,
+        body: String,
+        content_type: String,
+    },
+}
+
+/// One problem in a config file, already located.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: {}", self.file, self.line, self.col, self.message)
+    }
+}
+
+/// Every problem found in a config file, in file order.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lines: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&lines.join("\n"))
+    }
+}
+
+/// Reads and validates the config at `path`; errors name the file as given.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse(&file, &text),
+        Err(e) => Err(ConfigErrors(vec![ConfigError {
+            file,
+            line: 1,
+            col: 1,
+            message: format!("cannot read config: {e}"),
+        }])),
+    }
+}
+
+/// Validates config text; `file` is only used in error messages.
+pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
+    let located = |problems: Vec<(usize, String)>| {
+        let mut errors: Vec<ConfigError> = problems
+            .into_iter()
+            .map(|(at, message)| {
+                let (line, col) = line_col(text, at);
+                ConfigError {
+                    file: file.to_owned(),
+                    line,
+                    col,
+                    message,
+                }
+            })
+            .collect();
+        errors.sort_by_key(|e| (e.line, e.col));
+        errors.dedup();
+        ConfigErrors(errors)
+    };
+    let root = tree::parse(text).map_err(|problem| located(vec![problem]))?;
+    validate::config(&root).map_err(located)
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_col(text: &str, at: usize) -> (usize, usize) {
+    let at = at.min(text.len());
+    let before = text.get(..at).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let col = before[line_start..].chars().count() + 1;
+    (line, col)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_col_counts_from_one() {
+        let text = "a = 1\nbé = 2\n";
+        assert_eq!(line_col(text, 0), (1, 1));
+        assert_eq!(line_col(text, 6), (2, 1));
+        assert_eq!(line_col(text, text.find('=').unwrap_or(0)), (1, 3));
+        assert_eq!(line_col(text, 10), (2, 4));
+    }
+}

@@ -1,0 +1,827 @@
+//! Turns the spanned TOML tree into the `Config` model, collecting every problem.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::num::NonZeroU64;
+use std::ops::Range;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use regex::Regex;
+
+use super::tree::{Node, Spanned};
+use super::*;
+
+/// Largest value exact integer arithmetic may reach in Redis's Lua (doubles): 2^53.
+const EXACT_LIMIT: u128 = 1 << 53;
+
+type Entries = [(Spanned<String>, Spanned<Node>)];
+
+/// Problems found so far, as (byte offset, message).
+#[derive(Default)]
+struct Problems(RefCell<Vec<(usize, String)>>);
+
+impl Problems {
+    fn at(&self, span: &Range<usize>, message: impl Into<String>) {
+        self.0.borrow_mut().push((span.start, message.into()));
+    }
+}
+
+/// Reads the keys of one table, remembering which were used so the rest can be reported.
+struct Table<'a> {
+    p: &'a Problems,
+    name: String,
+    span: Range<usize>,
+    entries: &'a Entries,
+    used: RefCell<Vec<bool>>,
+}
+
+impl<'a> Table<'a> {
+    fn new(p: &'a Problems, name: &str, node: &'a Spanned<Node>) -> Option<Table<'a>> {
+        match &node.value {
+            Node::Table(entries) => Some(Table {
+                p,
+                name: name.to_owned(),
+                span: node.span.clone(),
+                entries,
+                used: RefCell::new(vec![false; entries.len()]),
+            }),
+            other => {
+                p.at(
+                    &node.span,
+                    format!("`{name}` must be a table, found {}", other.kind()),
+                );
+                None
+            }
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Spanned<Node>> {
+        let i = self.entries.iter().position(|(k, _)| k.value == key)?;
+        self.used.borrow_mut()[i] = true;
+        Some(&self.entries[i].1)
+    }
+
+    fn key_span(&self, key: &str) -> Range<usize> {
+        self.entries
+            .iter()
+            .find(|(k, _)| k.value == key)
+            .map_or(self.span.clone(), |(k, _)| k.span.clone())
+    }
+
+    fn required(&self, key: &str) -> Option<&'a Spanned<Node>> {
+        let found = self.get(key);
+        if found.is_none() {
+            self.p
+                .at(&self.span, format!("missing required key `{key}` in {}", self.name));
+        }
+        found
+    }
+
+    /// Reports keys nobody asked for.
+    fn finish(self) {
+        let used = self.used.borrow();
+        for ((key, _), used) in self.entries.iter().zip(used.iter()) {
+            if !used {
+                self.p
+                    .at(&key.span, format!("unknown key `{}` in {}", key.value, self.name));
+            }
+        }
+    }
+
+    fn wrong_type(&self, key: &str, node: &Spanned<Node>, expected: &str) {
+        self.p.at(
+            &node.span,
+            format!("`{key}` must be {expected}, found {}", node.value.kind()),
+        );
+    }
+
+    fn string(&self, key: &str) -> Option<Spanned<String>> {
+        let node = self.get(key)?;
+        match &node.value {
+            Node::Str(s) => Some(Spanned {
+                value: s.clone(),
+                span: node.span.clone(),
+            }),
+            _ => {
+                self.wrong_type(key, node, "a string");
+                None
+            }
+        }
+    }
+
+    fn bool(&self, key: &str) -> Option<bool> {
+        let node = self.get(key)?;
+        match node.value {
+            Node::Bool(b) => Some(b),
+            _ => {
+                self.wrong_type(key, node, "a boolean");
+                None
+            }
+        }
+    }
+
+    /// An integer within `range`.
+    fn int(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> Option<Spanned<i64>> {
+        let node = self.get(key)?;
+        match node.value {
+            Node::Int(i) if range.contains(&i) => Some(Spanned {
+                value: i,
+                span: node.span.clone(),
+            }),
+            Node::Int(i) => {
+                self.p.at(
+                    &node.span,
+                    format!(
+                        "`{key}` must be between {} and {}, found {i}",
+                        range.start(),
+                        range.end()
+                    ),
+                );
+                None
+            }
+            _ => {
+                self.wrong_type(key, node, "an integer");
+                None
+            }
+        }
+    }
+
+    fn strings(&self, key: &str) -> Option<Vec<Spanned<String>>> {
+        let node = self.get(key)?;
+        let Node::Array(items) = &node.value else {
+            self.wrong_type(key, node, "an array of strings");
+            return None;
+        };
+        let mut out = Vec::new();
+        for item in items {
+            match &item.value {
+                Node::Str(s) => out.push(Spanned {
+                    value: s.clone(),
+                    span: item.span.clone(),
+                }),
+                other => self.p.at(
+                    &item.span,
+                    format!("`{key}` must hold strings, found {}", other.kind()),
+                ),
+            }
+        }
+        Some(out)
+    }
+
+    fn duration(&self, key: &str) -> Option<Spanned<Duration>> {
+        let s = self.string(key)?;
+        match parse_duration(&s.value) {
+            Some(d) => Some(Spanned {
+                value: d,
+                span: s.span,
+            }),
+            None => {
+                self.p.at(
+                    &s.span,
+                    format!(
+                        "`{key}`: bad duration \"{}\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\", \"1m\")",
+                        s.value
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// A string that must be one of `choices`.
+    fn choice<T: Copy>(&self, key: &str, choices: &[(&str, T)]) -> Option<T> {
+        let s = self.string(key)?;
+        let found = choices.iter().find(|(name, _)| *name == s.value);
+        if found.is_none() {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            self.p.at(
+                &s.span,
+                format!(
+                    "`{key}`: unknown value \"{}\" (expected one of: {})",
+                    s.value,
+                    names.join(", ")
+                ),
+            );
+        }
+        found.map(|(_, v)| *v)
+    }
+
+    fn cidrs(&self, key: &str) -> Vec<IpNet> {
+        let mut out = Vec::new();
+        for s in self.strings(key).unwrap_or_default() {
+            match parse_cidr(&s.value) {
+                Some(net) => out.push(net),
+                None => self.p.at(
+                    &s.span,
+                    format!("`{key}`: bad CIDR \"{}\" (expected e.g. \"10.0.0.0/8\" or \"2001:db8::/32\")", s.value),
+                ),
+            }
+        }
+        out
+    }
+}
+
+/// "250ms", "1s", "1m", "1h", "1d".
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = s.split_at(digits);
+    let n: u64 = number.parse().ok()?;
+    let ms_per_unit = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(n.checked_mul(ms_per_unit)?))
+}
+
+/// A CIDR, or a bare address meaning a single host.
+fn parse_cidr(s: &str) -> Option<IpNet> {
+    s.parse::<IpNet>()
+        .ok()
+        .or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))
+}
+
+pub(super) fn config(root: &Spanned<Node>) -> Result<Config, Vec<(usize, String)>> {
+    let p = Problems::default();
+    let config = build(&p, root);
+    let problems = p.0.into_inner();
+    match config {
+        Some(config) if problems.is_empty() => Ok(config),
+        _ => Err(problems),
+    }
+}
+
+fn build(p: &Problems, root: &Spanned<Node>) -> Option<Config> {
+    let top = Table::new(p, "the config", root)?;
+    let server = top.required("server").and_then(|n| server(p, n));
+    let admin = match top.get("admin") {
+        Some(n) => admin(p, n),
+        None => Some(Admin {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9091)),
+        }),
+    };
+    let limiter = match top.get("limiter") {
+        Some(n) => limiter(p, n),
+        None => Some(Limiter::default()),
+    };
+    let upstreams = named_tables(p, &top, "upstreams", upstream);
+    let policies = named_tables(p, &top, "policies", policy);
+    let routes = match top.required("routes") {
+        Some(node) => routes(p, node, &upstreams, &policies),
+        None => Vec::new(),
+    };
+    top.finish();
+    Some(Config {
+        server: server?,
+        admin: admin?,
+        limiter: limiter?,
+        upstreams,
+        policies,
+        routes,
+    })
+}
+
+impl Default for Limiter {
+    fn default() -> Self {
+        Limiter {
+            backend: Backend::Memory,
+            timeout: Duration::from_millis(20),
+            key_prefix: "sluice:".to_owned(),
+            clock: ClockSource::Redis,
+            on_error: OnError::Allow,
+            deny_cache: 100_000,
+            max_keys: 1_000_000,
+        }
+    }
+}
+
+fn socket_addr(p: &Problems, s: &Spanned<String>, key: &str) -> Option<SocketAddr> {
+    let parsed = s.value.parse::<SocketAddr>().ok();
+    if parsed.is_none() {
+        p.at(
+            &s.span,
+            format!("`{key}`: bad address \"{}\" (expected IP:PORT, e.g. \"127.0.0.1:8080\")", s.value),
+        );
+    }
+    parsed
+}
+
+fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
+    let t = Table::new(p, "[server]", node)?;
+    let listen: Vec<SocketAddr> = t
+        .required("listen")
+        .and_then(|_| t.strings("listen"))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| socket_addr(p, s, "listen"))
+        .collect();
+    if listen.is_empty() && t.get("listen").is_some() {
+        p.at(&t.key_span("listen"), "`listen` needs at least one address");
+    }
+    let threads = t
+        .int("threads", 1..=1024)
+        .map(|n| n.value as usize)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let grace_period = t
+        .duration("grace_period")
+        .map_or(Duration::from_secs(5), |d| d.value);
+    let trusted_proxies = t.cidrs("trusted_proxies");
+    let client_ip_header = t
+        .choice(
+            "client_ip_header",
+            &[("x-forwarded-for", "x-forwarded-for"), ("x-real-ip", "x-real-ip")],
+        )
+        .unwrap_or("x-forwarded-for")
+        .to_owned();
+    let access_log = t
+        .choice(
+            "access_log",
+            &[("json", AccessLog::Json), ("text", AccessLog::Text), ("off", AccessLog::Off)],
+        )
+        .unwrap_or(AccessLog::Json);
+    let headers = t
+        .choice(
+            "headers",
+            &[("ietf", HeaderStyle::Ietf), ("legacy", HeaderStyle::Legacy), ("off", HeaderStyle::Off)],
+        )
+        .unwrap_or(HeaderStyle::Ietf);
+    t.finish();
+    Some(Server {
+        listen,
+        threads,
+        grace_period,
+        trusted_proxies,
+        client_ip_header,
+        access_log,
+        headers,
+    })
+}
+
+fn admin(p: &Problems, node: &Spanned<Node>) -> Option<Admin> {
+    let t = Table::new(p, "[admin]", node)?;
+    let listen = t.required("listen").and_then(|_| t.string("listen"));
+    t.finish();
+    Some(Admin {
+        listen: socket_addr(p, &listen?, "listen")?,
+    })
+}
+
+fn redis_url(p: &Problems, s: &Spanned<String>, key: &str) -> Option<String> {
+    let ok = s.value.starts_with("redis://") || s.value.starts_with("rediss://");
+    if !ok || redis::parse_redis_url(&s.value).is_none() {
+        p.at(
+            &s.span,
+            format!("`{key}`: bad Redis URL \"{}\" (expected redis://[user:password@]host:port[/db] or rediss://...)", s.value),
+        );
+        return None;
+    }
+    Some(s.value.clone())
+}
+
+fn limiter(p: &Problems, node: &Spanned<Node>) -> Option<Limiter> {
+    let t = Table::new(p, "[limiter]", node)?;
+    let defaults = Limiter::default();
+    let kind = t
+        .choice("backend", &[("memory", false), ("redis", true)])
+        .unwrap_or(false);
+    let url = t.string("url").and_then(|s| redis_url(p, &s, "url"));
+    let cluster: Option<Vec<String>> = t
+        .strings("cluster")
+        .map(|v| v.iter().filter_map(|s| redis_url(p, s, "cluster")).collect());
+    let sentinel = t.get("sentinel").and_then(|n| sentinel(p, n));
+    let given: Vec<&str> = [("url", url.is_some()), ("cluster", cluster.is_some()), ("sentinel", sentinel.is_some())]
+        .iter()
+        .filter(|(_, present)| *present)
+        .map(|(k, _)| *k)
+        .collect();
+    let backend = if kind {
+        match (url, cluster, sentinel) {
+            (Some(url), None, None) => Backend::Redis(url),
+            (None, Some(seeds), None) if !seeds.is_empty() => Backend::Cluster(seeds),
+            (None, None, Some((master, nodes))) => Backend::Sentinel { master, nodes },
+            _ if given.len() > 1 => {
+                p.at(&t.key_span(given[1]), "backend = \"redis\" takes only one of `url`, `cluster` and `sentinel`");
+                Backend::Memory
+            }
+            _ => {
+                let at = if t.get("backend").is_some() { t.key_span("backend") } else { t.span.clone() };
+                p.at(&at, "backend = \"redis\" needs `url`, `cluster` or `sentinel`");
+                Backend::Memory
+            }
+        }
+    } else {
+        Backend::Memory
+    };
+    let timeout = t.duration("timeout").map_or(defaults.timeout, |d| d.value);
+    if timeout.is_zero() {
+        p.at(&t.key_span("timeout"), "`timeout` must be at least 1ms");
+    }
+    let key_prefix = t.string("key_prefix").map_or(defaults.key_prefix, |s| s.value);
+    let clock = t
+        .choice("clock", &[("redis", ClockSource::Redis), ("local", ClockSource::Local)])
+        .unwrap_or(defaults.clock);
+    let on_error = on_error(&t).unwrap_or(defaults.on_error);
+    let deny_cache = t
+        .int("deny_cache", 0..=100_000_000)
+        .map_or(defaults.deny_cache, |n| n.value as usize);
+    let max_keys = t
+        .int("max_keys", 1..=1_000_000_000)
+        .map_or(defaults.max_keys, |n| n.value as usize);
+    t.finish();
+    Some(Limiter {
+        backend,
+        timeout,
+        key_prefix,
+        clock,
+        on_error,
+        deny_cache,
+        max_keys,
+    })
+}
+
+fn on_error(t: &Table) -> Option<OnError> {
+    t.choice(
+        "on_error",
+        &[("allow", OnError::Allow), ("deny", OnError::Deny), ("local", OnError::Local)],
+    )
+}
+
+fn sentinel(p: &Problems, node: &Spanned<Node>) -> Option<(String, Vec<String>)> {
+    let t = Table::new(p, "`sentinel`", node)?;
+    let master = t.required("master").and_then(|_| t.string("master"));
+    let nodes: Vec<String> = t
+        .required("nodes")
+        .and_then(|_| t.strings("nodes"))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| redis_url(p, s, "nodes"))
+        .collect();
+    t.finish();
+    if nodes.is_empty() {
+        return None;
+    }
+    Some((master?.value, nodes))
+}
+
+/// `[upstreams.NAME]` / `[policies.NAME]`: each child table built by `one`.
+fn named_tables<T>(
+    p: &Problems,
+    top: &Table,
+    key: &str,
+    one: fn(&Problems, &Spanned<String>, &Spanned<Node>) -> Option<T>,
+) -> Vec<T> {
+    let Some(node) = top.get(key) else {
+        return Vec::new();
+    };
+    let Node::Table(entries) = &node.value else {
+        top.wrong_type(key, node, "a table");
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter_map(|(name, child)| one(p, name, child))
+        .collect()
+}
+
+fn upstream(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<Upstream> {
+    check_name(p, name, "upstream");
+    let t = Table::new(p, &format!("[upstreams.{}]", name.value), node)?;
+    let servers: Vec<String> = t
+        .required("servers")
+        .and_then(|_| t.strings("servers"))
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|s| {
+            let ok = s.value.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
+            if !ok {
+                p.at(&s.span, format!("`servers`: bad server \"{}\" (expected HOST:PORT)", s.value));
+            }
+            ok.then_some(s.value)
+        })
+        .collect();
+    if servers.is_empty() && t.get("servers").is_some() {
+        p.at(&t.key_span("servers"), "`servers` needs at least one HOST:PORT");
+    }
+    let balance = t
+        .choice(
+            "balance",
+            &[("round_robin", Balance::RoundRobin), ("random", Balance::Random), ("hash", Balance::Hash)],
+        )
+        .unwrap_or(Balance::RoundRobin);
+    let tls = t.bool("tls").unwrap_or(false);
+    let sni = t.string("sni").map(|s| s.value).unwrap_or_default();
+    let connect_timeout = t.duration("connect_timeout").map_or(Duration::from_secs(2), |d| d.value);
+    let read_timeout = t.duration("read_timeout").map_or(Duration::from_secs(30), |d| d.value);
+    for (key, d) in [("connect_timeout", connect_timeout), ("read_timeout", read_timeout)] {
+        if d.is_zero() {
+            p.at(&t.key_span(key), format!("`{key}` must be at least 1ms"));
+        }
+    }
+    let health_interval = t.get("health_check").and_then(|node| {
+        let h = Table::new(p, "`health_check`", node)?;
+        let interval = h.required("interval").and_then(|_| h.duration("interval"));
+        if interval.as_ref().is_some_and(|d| d.value.is_zero()) {
+            p.at(&h.key_span("interval"), "`interval` must be at least 1ms");
+        }
+        h.finish();
+        interval.map(|d| d.value)
+    });
+    t.finish();
+    Some(Upstream {
+        name: name.value.clone(),
+        servers,
+        balance,
+        tls,
+        sni,
+        connect_timeout,
+        read_timeout,
+        health_interval,
+    })
+}
+
+fn key_part(p: &Problems, s: &Spanned<String>) -> Option<KeyPart> {
+    let v = s.value.as_str();
+    let named = |prefix: &str| {
+        v.strip_prefix(prefix)
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned)
+    };
+    let part = match v {
+        "client_ip" => Some(KeyPart::ClientIp),
+        "path" => Some(KeyPart::Path),
+        "method" => Some(KeyPart::Method),
+        "host" => Some(KeyPart::Host),
+        "route" => Some(KeyPart::Route),
+        _ => {
+            if let Some(bits) = v.strip_prefix("client_ip/") {
+                match bits.parse::<u8>() {
+                    Ok(n) if (1..=128).contains(&n) => Some(KeyPart::ClientNet(n)),
+                    _ => {
+                        p.at(&s.span, format!("`key`: bad prefix length in \"{v}\" (expected client_ip/1 to client_ip/128)"));
+                        return None;
+                    }
+                }
+            } else if let Some(name) = named("header:") {
+                Some(KeyPart::Header(name.to_ascii_lowercase()))
+            } else if let Some(name) = named("query:") {
+                Some(KeyPart::Query(name))
+            } else {
+                named("cookie:").map(KeyPart::Cookie)
+            }
+        }
+    };
+    if part.is_none() {
+        p.at(
+            &s.span,
+            format!("`key`: unknown key part \"{v}\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host or route)"),
+        );
+    }
+    part
+}
+
+fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<Policy> {
+    check_name(p, name, "policy");
+    let t = Table::new(p, &format!("[policies.{}]", name.value), node)?;
+    let algorithms: Vec<(&str, Algorithm)> = Algorithm::ALL.iter().map(|a| (a.name(), *a)).collect();
+    let algorithm = t.required("algorithm").and_then(|_| t.choice("algorithm", &algorithms));
+    let limit = t.required("limit").and_then(|_| t.int("limit", 1..=i64::MAX));
+    let period = match algorithm {
+        Some(Algorithm::Concurrency) => t.duration("period").map_or(Duration::from_secs(1), |d| d.value),
+        _ => t.required("period").and_then(|_| t.duration("period")).map_or(Duration::from_secs(1), |d| {
+            if d.value < Duration::from_millis(1) {
+                p.at(&d.span, "`period` must be at least 1ms");
+            }
+            d.value
+        }),
+    };
+    let burst = t.int("burst", 1..=i64::MAX);
+    let key: Vec<KeyPart> = t
+        .required("key")
+        .and_then(|_| t.strings("key"))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| key_part(p, s))
+        .collect();
+    let cost = t.int("cost", 0..=i64::MAX).map_or(1, |n| n.value as u64);
+    let mode = t
+        .choice("mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])
+        .unwrap_or(Mode::Enforce);
+    let on_exceed = t.choice("on_exceed", &[("reject", false), ("delay", true)]).unwrap_or(false);
+    let max_delay = t.duration("max_delay").map_or(Duration::ZERO, |d| d.value);
+    let status = t.int("status", 400..=599).map_or(429, |n| n.value as u16);
+    let on_missing = t
+        .choice(
+            "on_missing",
+            &[("skip", OnMissing::Skip), ("deny", OnMissing::Deny), ("shared", OnMissing::Shared)],
+        )
+        .unwrap_or(OnMissing::Skip);
+    let exempt = t.cidrs("exempt");
+    let on_error = on_error(&t);
+    let lease = t.duration("lease").map_or(Duration::from_secs(60), |d| d.value);
+    if lease < Duration::from_millis(1) {
+        p.at(&t.key_span("lease"), "`lease` must be at least 1ms");
+    }
+    if on_exceed && !matches!(algorithm, Some(Algorithm::TokenBucket | Algorithm::Gcra) | None) {
+        p.at(
+            &t.key_span("on_exceed"),
+            "on_exceed = \"delay\" works with token_bucket and gcra only (leaky_bucket always delays)",
+        );
+    }
+    let limit = limit.map(|n| n.value as u64);
+    let burst = burst.map(|n| n.value as u64).or(limit);
+    // Exact integer arithmetic in Redis's Lua needs every product of a count and the period
+    // in milliseconds to stay below 2^53.
+    let period_ms = period.as_millis();
+    for (key, n) in [("limit", limit), ("burst", burst), ("cost", Some(cost))] {
+        if n.is_some_and(|n| algorithm != Some(Algorithm::Concurrency) && n as u128 * period_ms >= EXACT_LIMIT) {
+            p.at(&t.key_span(key), format!("`{key}` times `period` in ms must stay below 2^53"));
+        }
+    }
+    t.finish();
+    Some(Policy {
+        name: name.value.clone(),
+        algorithm: algorithm?,
+        limit: NonZeroU64::new(limit?)?,
+        period,
+        burst: NonZeroU64::new(burst?)?,
+        key,
+        cost,
+        mode,
+        delay: on_exceed.then_some(max_delay),
+        status,
+        on_missing,
+        exempt,
+        on_error,
+        lease,
+    })
+}
+
+fn routes(p: &Problems, node: &Spanned<Node>, upstreams: &[Upstream], policies: &[Policy]) -> Vec<Route> {
+    let Node::Array(items) = &node.value else {
+        p.at(&node.span, format!("`routes` must be an array of tables ([[routes]]), found {}", node.value.kind()));
+        return Vec::new();
+    };
+    let mut seen: HashMap<String, ()> = HashMap::new();
+    let mut out = Vec::new();
+    for item in items {
+        let Some(t) = Table::new(p, "[[routes]]", item) else { continue };
+        if let Some(route) = route(p, &t, upstreams, policies) {
+            if seen.insert(route.name.clone(), ()).is_some() || route.name == "unmatched" {
+                p.at(&t.key_span("name"), format!("duplicate route name \"{}\"", route.name));
+            }
+            out.push(route);
+        }
+        t.finish();
+    }
+    out
+}
+
+fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -> Option<Route> {
+    let name = t.required("name").and_then(|_| t.string("name"));
+    if let Some(n) = &name {
+        check_name(p, n, "route");
+    }
+    let hosts = t
+        .strings("hosts")
+        .unwrap_or_default()
+        .into_iter()
+        .map(|h| {
+            let host = h.value.to_ascii_lowercase();
+            match host.strip_prefix('*') {
+                Some(suffix) if suffix.starts_with('.') && suffix.len() > 1 => HostMatch::Suffix(suffix.to_owned()),
+                Some(_) => {
+                    p.at(&h.span, format!("`hosts`: bad wildcard \"{}\" (expected \"*.example.org\")", h.value));
+                    HostMatch::Exact(host)
+                }
+                None => HostMatch::Exact(host),
+            }
+        })
+        .collect();
+    let matchers: Vec<(&str, Spanned<String>)> = ["path", "path_prefix", "path_regex"]
+        .iter()
+        .filter_map(|k| t.string(k).map(|s| (*k, s)))
+        .collect();
+    if matchers.len() > 1 {
+        p.at(&t.key_span(matchers[1].0), "a route takes only one of `path`, `path_prefix` and `path_regex`");
+    }
+    let path = match matchers.first() {
+        None => PathMatch::Any,
+        Some(("path", s)) => PathMatch::Exact(s.value.clone()),
+        Some(("path_prefix", s)) => PathMatch::Prefix(s.value.clone()),
+        Some((_, s)) => match Regex::new(&s.value) {
+            Ok(re) => PathMatch::Regex(re),
+            Err(e) => {
+                let first = e.to_string().lines().last().unwrap_or_default().trim().to_owned();
+                p.at(&s.span, format!("`path_regex`: bad regex: {first}"));
+                PathMatch::Any
+            }
+        },
+    };
+    if let PathMatch::Exact(s) | PathMatch::Prefix(s) = &path {
+        if !s.starts_with('/') {
+            let key = matchers.first().map_or("path", |m| m.0);
+            p.at(&matchers[0].1.span, format!("`{key}` must start with '/'"));
+        }
+    }
+    let methods = t
+        .strings("methods")
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| {
+            let ok = !m.value.is_empty() && m.value.bytes().all(|b| b.is_ascii_uppercase());
+            if !ok {
+                p.at(&m.span, format!("`methods`: bad method \"{}\" (expected upper case, e.g. \"GET\")", m.value));
+            }
+            ok.then_some(m.value)
+        })
+        .collect();
+    let upstream = t.string("upstream");
+    let respond = t.get("respond");
+    let target = match (upstream, respond) {
+        (Some(u), None) => match upstreams.iter().position(|x| x.name == u.value) {
+            Some(i) => Some(Target::Upstream(i)),
+            None => {
+                p.at(&u.span, format!("unknown upstream \"{}\"", u.value));
+                None
+            }
+        },
+        (None, Some(node)) => respond_target(p, node),
+        (Some(_), Some(_)) => {
+            p.at(&t.key_span("respond"), "a route takes exactly one of `upstream` and `respond`, not both");
+            None
+        }
+        (None, None) => {
+            p.at(&t.span, "a route needs exactly one of `upstream` and `respond`");
+            None
+        }
+    };
+    let policy_refs: Vec<usize> = t
+        .strings("policies")
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| {
+            let found = policies.iter().position(|x| x.name == s.value);
+            if found.is_none() {
+                p.at(&s.span, format!("unknown policy \"{}\"", s.value));
+            }
+            found
+        })
+        .collect();
+    Some(Route {
+        name: name?.value,
+        hosts,
+        path,
+        methods,
+        target: target?,
+        policies: policy_refs,
+    })
+}
+
+/// Names appear in metric labels and Redis keys: keep them plain.
+fn check_name(p: &Problems, name: &Spanned<String>, what: &str) {
+    let ok = !name.value.is_empty()
+        && name.value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+    if !ok {
+        p.at(&name.span, format!("bad {what} name \"{}\" (use letters, digits, '_', '-', '.')", name.value));
+    }
+}
+
+fn respond_target(p: &Problems, node: &Spanned<Node>) -> Option<Target> {
+    let r = Table::new(p, "`respond`", node)?;
+    let status = r.int("status", 100..=599).map_or(200, |n| n.value as u16);
+    let body = r.string("body").map(|s| s.value).unwrap_or_default();
+    let content_type = r
+        .string("content_type")
+        .map_or_else(|| "text/plain".to_owned(), |s| s.value);
+    r.finish();
+    Some(Target::Respond {
+        status,
+        body,
+        content_type,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1s"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_duration("1m"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1d"), Some(Duration::from_secs(86400)));
+        assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
+        for bad in ["", "1", "s", "1.5s", "-1s", "1 s", "1sec", "99999999999999999999d"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The running state built from one config (routes, pools, limiter), swapped whole on reload.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::{self, Config};
+use crate::limiter::clock::Clock;
+use crate::limiter::Limiter;
+use crate::metrics::Metrics;
+use crate::proxy::upstream::{spawn_health_checks, Pool};
+
+pub struct Gateway {
+    pub config: Config,
+    /// Aligned with `config.upstreams`.
+    pub pools: Vec<Arc<Pool>>,
+    pub limiter: Limiter,
+}
+
+impl Gateway {
+    /// Builds the state for `config`, reusing what `previous` had for unchanged settings.
+    /// Must run on the long-lived I/O runtime: health checks and backend connections live there.
+    pub async fn build(
+        config: Config,
+        previous: Option<&Gateway>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Gateway, String> {
+        let mut pools = Vec::with_capacity(config.upstreams.len());
+        for upstream in &config.upstreams {
+            pools.push(Arc::new(Pool::resolve(upstream).await?));
+        }
+        let previous_policies = previous.map_or(&[][..], |p| &p.config.policies[..]);
+        let limiter = Limiter::new(&config, previous.map(|p| &p.limiter), previous_policies, clock, metrics)
+            .await
+            .map_err(|e| format!("limiter backend: {e}"))?;
+        spawn_health_checks(&pools);
+        Ok(Gateway { config, pools, limiter })
+    }
+}
+
+/// What every request and the admin listener share: the current gateway and its counters.
+pub struct App {
+    pub current: ArcSwap<Gateway>,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+    pub config_path: PathBuf,
+    /// Runs backend connections, health checks, reloads and lease releases.
+    pub io: tokio::runtime::Handle,
+    /// Requests being handled now (for draining on SIGTERM).
+    pub in_flight: AtomicUsize,
+}
+
+impl App {
+    /// Re-reads the config file; a config that fails validation leaves the old one in force.
+    pub async fn reload(&self) -> Result<(), String> {
+        let result = self.try_reload().await;
+        let label = if result.is_ok() { "success" } else { "failure" };
+        self.metrics.config_reloads.with_label_values(&[label]).inc();
+        match &result {
+            Ok(()) => log::info!("config reloaded from {}", self.config_path.display()),
+            Err(e) => log::error!("config reload rejected, keeping the old config:\n{e}"),
+        }
+        result
+    }
+
+    async fn try_reload(&self) -> Result<(), String> {
+        let config = config::load(&self.config_path).map_err(|e| e.to_string())?;
+        let old = self.current.load_full();
+        if config.server.listen != old.config.server.listen || config.admin.listen != old.config.admin.listen {
+            log::warn!("listener addresses changed: they take effect on restart, not reload");
+        }
+        let gateway = Gateway::build(config, Some(&old), self.clock.clone(), self.metrics.clone()).await?;
+        self.current.store(Arc::new(gateway));
+        Ok(())
+    }
+
+    pub fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn request_ended(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,211 @@
+//! Building a policy's rate key from a request: the client IP, then each key part.
+
+use std::net::IpAddr;
+
+use http::HeaderMap;
+use ipnet::IpNet;
+
+use crate::config::KeyPart;
+
+/// What key parts can be read from; borrowed from the request for the decision only.
+pub struct RequestFacts<'a> {
+    pub client_ip: IpAddr,
+    pub method: &'a str,
+    /// Lower-case host without port.
+    pub host: &'a str,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub headers: &'a HeaderMap,
+    pub route: &'a str,
+}
+
+/// The client address: the TCP peer, unless the peer is a trusted proxy; then the
+/// right-most address in `header` that is not itself trusted.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, header: &str, trusted: &[IpNet]) -> IpAddr {
+    let peer = canonical(peer);
+    if !is_trusted(peer, trusted) {
+        return peer;
+    }
+    let mut candidate = peer;
+    // Several header lines count as one list, in order.
+    let values: Vec<&[u8]> = headers.get_all(header).iter().map(|v| v.as_bytes()).collect();
+    for value in values.iter().rev() {
+        let Ok(text) = std::str::from_utf8(value) else {
+            return candidate;
+        };
+        for item in text.rsplit(',') {
+            match parse_forwarded_ip(item.trim()) {
+                Some(ip) => {
+                    candidate = ip;
+                    if !is_trusted(ip, trusted) {
+                        return ip;
+                    }
+                }
+                // A malformed entry ends the chain we can believe.
+                None => return candidate,
+            }
+        }
+    }
+    candidate
+}
+
+fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
+    trusted.iter().any(|net| net.contains(&ip))
+}
+
+/// IPv4-mapped IPv6 addresses count as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// "1.2.3.4", "1.2.3.4:5678", "2001:db8::1", "[2001:db8::1]:443".
+fn parse_forwarded_ip(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(canonical(ip));
+    }
+    if let Ok(sock) = s.parse::<std::net::SocketAddr>() {
+        return Some(canonical(sock.ip()));
+    }
+    None
+}
+
+/// The joined value of `parts` for this request, or `None` when a part is absent.
+/// Parts are separated by a byte that no part can contain unescaped.
+pub fn key_value(parts: &[KeyPart], req: &RequestFacts) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(64);
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(0);
+        }
+        match part {
+            KeyPart::ClientIp => out.extend_from_slice(req.client_ip.to_string().as_bytes()),
+            KeyPart::ClientNet(bits) => {
+                let net = match req.client_ip {
+                    IpAddr::V4(v4) => IpNet::new(IpAddr::V4(v4), (*bits).min(32)),
+                    IpAddr::V6(v6) => IpNet::new(IpAddr::V6(v6), (*bits).min(128)),
+                }
+                .ok()?
+                .trunc();
+                out.extend_from_slice(net.to_string().as_bytes());
+            }
+            KeyPart::Header(name) => {
+                let mut values = req.headers.get_all(name.as_str()).iter().peekable();
+                values.peek()?;
+                for (j, v) in values.enumerate() {
+                    if j > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(v.as_bytes());
+                }
+            }
+            KeyPart::Query(name) => out.extend_from_slice(query_param(req.query?, name)?.as_bytes()),
+            KeyPart::Cookie(name) => out.extend_from_slice(cookie(req.headers, name)?),
+            KeyPart::Path => out.extend_from_slice(req.path.as_bytes()),
+            KeyPart::Method => out.extend_from_slice(req.method.as_bytes()),
+            KeyPart::Host => out.extend_from_slice(req.host.as_bytes()),
+            KeyPart::Route => out.extend_from_slice(req.route.as_bytes()),
+        }
+    }
+    Some(out)
+}
+
+/// The first value of query parameter `name`, undecoded (so every spelling is distinct).
+fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then_some(v)
+    })
+}
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
+    headers.get_all(http::header::COOKIE).iter().find_map(|line| {
+        line.as_bytes().split(|b| *b == b';').find_map(|pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|b| *b == b'=')?;
+            (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
+        })
+    })
+}
+
+/// A fixed-length, hex hash of a key value: long or binary values never reach storage.
+pub fn hash(value: &[u8]) -> String {
+    let digest = blake3::hash(value);
+    let bytes = &digest.as_bytes()[..16];
+    let mut out = String::with_capacity(32);
+    for b in bytes {
+        out.push(char::from(b"0123456789abcdef"[(b >> 4) as usize]));
+        out.push(char::from(b"0123456789abcdef"[(b & 15) as usize]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|s| s.parse().expect("test CIDR")).collect()
+    }
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("x-forwarded-for", HeaderValue::from_str(v).expect("test header"));
+        }
+        h
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test IP")
+    }
+
+    #[test]
+    fn untrusted_peer_header_is_ignored() {
+        let h = xff(&["1.1.1.1"]);
+        assert_eq!(client_ip(ip("9.9.9.9"), &h, "x-forwarded-for", &nets(&["10.0.0.0/8"])), ip("9.9.9.9"));
+    }
+
+    #[test]
+    fn right_most_untrusted_address_wins() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let h = xff(&["6.6.6.6, 2.2.2.2, 10.0.0.5"]);
+        assert_eq!(client_ip(ip("10.0.0.1"), &h, "x-forwarded-for", &trusted), ip("2.2.2.2"));
+        let h = xff(&["6.6.6.6", "2.2.2.2"]);
+        assert_eq!(client_ip(ip("10.0.0.1"), &h, "x-forwarded-for", &trusted), ip("2.2.2.2"));
+        let h = xff(&["garbage, 10.0.0.7"]);
+        assert_eq!(client_ip(ip("10.0.0.1"), &h, "x-forwarded-for", &trusted), ip("10.0.0.7"));
+        assert_eq!(client_ip(ip("10.0.0.1"), &HeaderMap::new(), "x-forwarded-for", &trusted), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn key_parts() {
+        let mut headers = xff(&[]);
+        headers.insert("x-api-key", HeaderValue::from_static("k1"));
+        headers.insert("cookie", HeaderValue::from_static("a=1; session=s9; b=2"));
+        let req = RequestFacts {
+            client_ip: ip("2001:db8:1:2:3::9"),
+            method: "GET",
+            host: "api.example.com",
+            path: "/v1/x",
+            query: Some("user=u7&x"),
+            headers: &headers,
+            route: "api",
+        };
+        let one = |p: KeyPart| key_value(&[p], &req).map(|v| String::from_utf8_lossy(&v).into_owned());
+        assert_eq!(one(KeyPart::ClientNet(64)).as_deref(), Some("2001:db8:1:2::/64"));
+        assert_eq!(one(KeyPart::Header("x-api-key".into())).as_deref(), Some("k1"));
+        assert_eq!(one(KeyPart::Header("x-missing".into())), None);
+        assert_eq!(one(KeyPart::Query("user".into())).as_deref(), Some("u7"));
+        assert_eq!(one(KeyPart::Query("x".into())).as_deref(), Some(""));
+        assert_eq!(one(KeyPart::Query("y".into())), None);
+        assert_eq!(one(KeyPart::Cookie("session".into())).as_deref(), Some("s9"));
+        assert_eq!(one(KeyPart::Cookie("sess".into())), None);
+        assert_eq!(key_value(&[], &req), Some(Vec::new()));
+        assert_eq!(hash(b"x").len(), 32);
+        assert_ne!(hash(b"a\0b"), hash(b"a\0c"));
+    }
+}

@@ -1,0 +1,22 @@
+//! sluice: a rate-limiting reverse proxy for the edge.
+//!
+//! - `cli`: the command line.
+//! - `config`: the TOML file, validated once into a typed model with located errors.
+//! - `routing`: which route a request belongs to.
+//! - `key`: the client IP and the rate key of a policy for a request.
+//! - `limiter`: deciding a route's policies together; `memory` and `redis` backends only store.
+//! - `proxy`: the Pingora proxy phases; `upstream` pools and health checks; responses.
+//! - `gateway`: the state built from one config, swapped whole on reload.
+//! - `admin`: /metrics, /healthz, /readyz. `metrics`: every metric family.
+//! - `server`: wiring it together and running until SIGTERM.
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod gateway;
+pub mod key;
+pub mod limiter;
+pub mod metrics;
+pub mod proxy;
+pub mod routing;
+pub mod server;

@@ -1,0 +1,554 @@
+//! The seven rate-limit algorithms as pure functions over integer milliseconds.
+//!
+//! Each takes the stored state (or none), the time and the cost, and returns a `Verdict`
+//! plus the state to store if the request is charged. The Lua scripts in `lua/` implement
+//! exactly the same arithmetic; `tests/conformance.rs` holds them to it.
+//!
+//! Rates are exact: T = period/limit is kept as a fraction with denominator `limit`
+//! (gcra and leaky_bucket store `ms + frac/limit`; token_bucket stores tokens scaled by
+//! `period`), so no float ever rounds a decision.
+
+use std::collections::VecDeque;
+
+use crate::config::Algorithm;
+
+/// The numbers of one policy that its algorithm needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub period_ms: u64,
+    pub burst: u64,
+    /// `Some(max_delay)`: a request over the limit is booked ahead and waits (token_bucket, gcra).
+    pub max_delay_ms: Option<u64>,
+    /// concurrency: a held slot is reclaimed after this.
+    pub lease_ms: u64,
+}
+
+/// The outcome of one policy for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Verdict {
+    pub allowed: bool,
+    /// Units left after this request (before it, when denied).
+    pub remaining: u64,
+    /// Milliseconds until the quota is whole again.
+    pub reset_ms: u64,
+    /// Denied: milliseconds until this request would be allowed.
+    pub retry_after_ms: u64,
+    /// Allowed: milliseconds the request must wait before it is forwarded.
+    pub wait_ms: u64,
+}
+
+/// Stored state, one shape per algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// fixed_window: the window's start and its count.
+    Window { start: u64, count: u64 },
+    /// sliding_window: the current window's start, the previous and current counts.
+    Sliding { start: u64, prev: u64, curr: u64 },
+    /// sliding_log: (time, cost) of each admitted request, oldest first, and their sum.
+    Log { entries: VecDeque<(u64, u64)>, total: u64 },
+    /// token_bucket: tokens × period (negative when booked ahead) at time `last`.
+    Bucket { scaled: i128, last: u64 },
+    /// gcra: theoretical arrival time; leaky_bucket: next free slot. `ms + frac/limit`.
+    Tat { ms: u64, frac: u64 },
+    /// concurrency: (lease id, expiry) of each slot held.
+    Leases(Vec<(u64, u64)>),
+}
+
+/// Decides one request of `cost` units at `now`. The returned state is what to store if
+/// the request is charged; a denied request never changes state.
+pub fn decide(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
+    match rule.algorithm {
+        Algorithm::FixedWindow => fixed_window(rule, state, now, cost),
+        Algorithm::SlidingWindow => sliding_window(rule, state, now, cost),
+        Algorithm::SlidingLog => sliding_log(rule, state, now, cost),
+        Algorithm::TokenBucket => token_bucket(rule, state, now, cost),
+        Algorithm::Gcra => gcra(rule, state, now, cost, false),
+        Algorithm::LeakyBucket => gcra(rule, state, now, cost, true),
+        Algorithm::Concurrency => acquire(rule, state, now, 0),
+    }
+}
+
+/// The time (ms) from which `state` means the same as no state at all.
+pub fn expires_at(rule: &Rule, state: &State) -> u64 {
+    let p = rule.period_ms;
+    match state {
+        State::Window { start, .. } => start + p,
+        State::Sliding { start, curr, .. } => start + if *curr > 0 { 2 * p } else { p },
+        State::Log { entries, .. } => entries.back().map_or(0, |(t, _)| t + p),
+        State::Bucket { scaled, last } => {
+            let missing = rule.burst as i128 * p as i128 - scaled;
+            last + ceil_div(missing.max(0) as u128, rule.limit as u128) as u64
+        }
+        State::Tat { ms, frac } => ms + u64::from(*frac > 0),
+        State::Leases(leases) => leases.iter().map(|(_, exp)| *exp).max().unwrap_or(0),
+    }
+}
+
+fn ceil_div(a: u128, b: u128) -> u128 {
+    a.div_ceil(b)
+}
+
+fn fixed_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
+    let start = now - now % rule.period_ms;
+    let count = match state {
+        Some(State::Window { start: s, count }) if *s == start => *count,
+        _ => 0,
+    };
+    let reset_ms = start + rule.period_ms - now;
+    let allowed = count + cost <= rule.limit;
+    let after = if allowed { count + cost } else { count };
+    let verdict = Verdict {
+        allowed,
+        remaining: rule.limit.saturating_sub(after),
+        reset_ms: if after > 0 { reset_ms } else { 0 },
+        retry_after_ms: if allowed { 0 } else { reset_ms },
+        wait_ms: 0,
+    };
+    (verdict, State::Window { start, count: after })
+}
+
+fn sliding_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
+    let p = rule.period_ms as u128;
+    let limit = rule.limit as u128;
+    let start = now - now % rule.period_ms;
+    let (prev, curr) = match state {
+        Some(State::Sliding { start: s, prev, curr }) if *s == start => (*prev, *curr),
+        Some(State::Sliding { start: s, curr, .. }) if *s + rule.period_ms == start => (*curr, 0),
+        _ => (0, 0),
+    };
+    let elapsed = (now - start) as u128;
+    let (prev_w, curr_w, cost_w) = (prev as u128, curr as u128, cost as u128);
+    // prev × (period − elapsed) / period + curr + cost ≤ limit, multiplied through by period.
+    let weighted_prev = prev_w * (p - elapsed);
+    let allowed = weighted_prev + (curr_w + cost_w) * p <= limit * p;
+    let curr_after = if allowed { curr + cost } else { curr };
+    let room = (limit * p).saturating_sub(weighted_prev) / p;
+    let remaining = room.saturating_sub(curr_after as u128) as u64;
+    let to_window_end = start + rule.period_ms - now;
+    let reset_ms = if curr_after > 0 {
+        to_window_end + rule.period_ms
+    } else if prev > 0 {
+        to_window_end
+    } else {
+        0
+    };
+    let retry_after_ms = if allowed {
+        0
+    } else {
+        sliding_retry(rule, now - start, prev, curr, cost)
+    };
+    let verdict = Verdict {
+        allowed,
+        remaining,
+        reset_ms,
+        retry_after_ms,
+        wait_ms: 0,
+    };
+    (verdict, State::Sliding { start, prev, curr: curr_after })
+}
+
+/// The wait until a denied sliding_window request would fit, if nothing else arrives.
+fn sliding_retry(rule: &Rule, elapsed: u64, prev: u64, curr: u64, cost: u64) -> u64 {
+    let (p, limit) = (rule.period_ms as i128, rule.limit as i128);
+    let (elapsed, prev, curr, cost) = (elapsed as i128, prev as i128, curr as i128, cost as i128);
+    // Later in this window, as the previous window's weight fades.
+    let room = limit * p - (curr + cost) * p;
+    if room >= 0 && prev > 0 {
+        let wait = (prev * (p - elapsed) - room + prev - 1) / prev;
+        if elapsed + wait < p {
+            return wait.max(0) as u64;
+        }
+    }
+    // In the next window, where this window's count fades in turn.
+    let to_next = p - elapsed;
+    let room = (limit - cost) * p;
+    if room < 0 {
+        return (to_next + p) as u64;
+    }
+    let offset = if curr == 0 {
+        0
+    } else {
+        ((curr * p - room + curr - 1) / curr).max(0)
+    };
+    if offset < p {
+        (to_next + offset) as u64
+    } else {
+        (to_next + p) as u64
+    }
+}
+
+fn sliding_log(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
+    let (mut entries, mut total) = match state {
+        Some(State::Log { entries, total }) => (entries.clone(), *total),
+        _ => (VecDeque::new(), 0),
+    };
+    // Keep entries in (now − period, now].
+    while let Some(&(t, c)) = entries.front() {
+        if t + rule.period_ms > now {
+            break;
+        }
+        entries.pop_front();
+        total -= c;
+    }
+    let allowed = total + cost <= rule.limit;
+    let retry_after_ms = if allowed {
+        0
+    } else if cost > rule.limit {
+        rule.period_ms
+    } else {
+        // The oldest units must age out until `cost` fits.
+        let mut must_free = total + cost - rule.limit;
+        let mut at = now;
+        for &(t, c) in &entries {
+            at = t + rule.period_ms;
+            if c >= must_free {
+                break;
+            }
+            must_free -= c;
+        }
+        at - now
+    };
+    if allowed && cost > 0 {
+        entries.push_back((now, cost));
+        total += cost;
+    }
+    let verdict = Verdict {
+        allowed,
+        remaining: rule.limit.saturating_sub(total),
+        reset_ms: entries.back().map_or(0, |(t, _)| t + rule.period_ms - now),
+        retry_after_ms,
+        wait_ms: 0,
+    };
+    (verdict, State::Log { entries, total })
+}
+
+fn token_bucket(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
+    let p = rule.period_ms as i128;
+    let capacity = rule.burst as i128 * p;
+    let (mut scaled, last) = match state {
+        Some(State::Bucket { scaled, last }) => (*scaled, *last),
+        _ => (capacity, now),
+    };
+    // Refill limit tokens per period, continuously; a clock that went back refills nothing.
+    let elapsed = now.saturating_sub(last) as i128;
+    scaled = (scaled + elapsed * rule.limit as i128).min(capacity);
+    let need = cost as i128 * p;
+    let short = (need - scaled).max(0);
+    let wait = ceil_div(short as u128, rule.limit as u128) as u64;
+    let allowed = match rule.max_delay_ms {
+        Some(max_delay) => wait <= max_delay,
+        None => short == 0,
+    };
+    let after = if allowed { scaled - need } else { scaled };
+    let verdict = Verdict {
+        allowed,
+        remaining: (after.max(0) / p) as u64,
+        reset_ms: ceil_div((capacity - after) as u128, rule.limit as u128) as u64,
+        retry_after_ms: if allowed { 0 } else { wait },
+        wait_ms: if allowed { wait } else { 0 },
+    };
+    (verdict, State::Bucket { scaled: after, last: now.max(last) })
+}
+
+/// gcra and leaky_bucket share the stored time `ms + frac/limit` and T = period/limit.
+/// gcra: allowed when max(tat, now) + cost·T − now ≤ burst·T.
+/// leaky_bucket: allowed when the wait max(slot, now) − now ≤ burst·T; it then waits.
+fn gcra(rule: &Rule, state: Option<&State>, now: u64, cost: u64, shaping: bool) -> (Verdict, State) {
+    let limit = rule.limit as u128;
+    let p = rule.period_ms as u128;
+    let tolerance = rule.burst as u128 * p;
+    // (tat − now) × limit, or 0 when tat is in the past.
+    let (base_ms, base_frac) = match state {
+        Some(State::Tat { ms, frac }) if *ms >= now => (*ms, *frac as u128),
+        _ => (now, 0),
+    };
+    let ahead = (base_ms - now) as u128 * limit + base_frac;
+    let step = cost as u128 * p;
+    let new_ahead = ahead + step;
+    let new_ms = now + (new_ahead / limit) as u64;
+    let new_state = State::Tat {
+        ms: new_ms,
+        frac: (new_ahead % limit) as u64,
+    };
+    let (allowed, wait, over) = if shaping {
+        (ahead <= tolerance, ceil_div(ahead, limit), ceil_div(ahead.saturating_sub(tolerance), limit))
+    } else {
+        let over = ceil_div(new_ahead.saturating_sub(tolerance), limit);
+        match rule.max_delay_ms {
+            Some(max_delay) => (over as u64 <= max_delay, over, over),
+            None => (new_ahead <= tolerance, 0, over),
+        }
+    };
+    let after = if allowed { new_ahead } else { ahead };
+    let remaining = if shaping {
+        // Requests that could still join the queue now.
+        if after <= tolerance { (tolerance - after) / p + 1 } else { 0 }
+    } else {
+        tolerance.saturating_sub(after) / p
+    };
+    let verdict = Verdict {
+        allowed,
+        remaining: remaining as u64,
+        reset_ms: ceil_div(after, limit) as u64,
+        retry_after_ms: if allowed { 0 } else { over as u64 },
+        wait_ms: if allowed { wait as u64 } else { 0 },
+    };
+    let state = if allowed {
+        new_state
+    } else {
+        State::Tat { ms: base_ms, frac: base_frac as u64 }
+    };
+    (verdict, state)
+}
+
+/// concurrency: takes a slot for lease `id` (0: just look) when one is free.
+pub fn acquire(rule: &Rule, state: Option<&State>, now: u64, id: u64) -> (Verdict, State) {
+    let mut leases: Vec<(u64, u64)> = match state {
+        Some(State::Leases(l)) => l.iter().copied().filter(|(_, exp)| *exp > now).collect(),
+        _ => Vec::new(),
+    };
+    let allowed = leases.len() as u64 + 1 <= rule.limit;
+    if allowed && id != 0 {
+        leases.push((id, now + rule.lease_ms));
+    }
+    let held = leases.len() as u64 + u64::from(allowed && id == 0);
+    let verdict = Verdict {
+        allowed,
+        remaining: rule.limit.saturating_sub(held),
+        reset_ms: 0,
+        // Slots free whenever a response ends; a second is the honest hint.
+        retry_after_ms: if allowed { 0 } else { 1000 },
+        wait_ms: 0,
+    };
+    (verdict, State::Leases(leases))
+}
+
+/// concurrency: frees lease `id`.
+pub fn release(state: &mut State, id: u64) {
+    if let State::Leases(leases) = state {
+        leases.retain(|(lease, _)| *lease != id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(algorithm: Algorithm, limit: u64, period_ms: u64, burst: u64) -> Rule {
+        Rule {
+            algorithm,
+            limit,
+            period_ms,
+            burst,
+            max_delay_ms: None,
+            lease_ms: 60_000,
+        }
+    }
+
+    /// Drives one key on a manual clock, keeping state as a backend would.
+    struct Bucket {
+        rule: Rule,
+        state: Option<State>,
+    }
+
+    impl Bucket {
+        fn new(rule: Rule) -> Self {
+            Bucket { rule, state: None }
+        }
+        fn hit(&mut self, now: u64, cost: u64) -> Verdict {
+            let (v, s) = decide(&self.rule, self.state.as_ref(), now, cost);
+            if v.allowed {
+                self.state = Some(s);
+            }
+            v
+        }
+        fn allowed(&mut self, now: u64, n: usize) -> usize {
+            (0..n).filter(|_| self.hit(now, 1).allowed).count()
+        }
+    }
+
+    const T0: u64 = 1_700_000_000_000;
+
+    #[test]
+    fn fixed_window_allows_twice_the_limit_across_a_boundary() {
+        let mut b = Bucket::new(rule(Algorithm::FixedWindow, 10, 60_000, 10));
+        let end = T0 - T0 % 60_000 + 60_000;
+        assert_eq!(b.allowed(end - 1, 15), 10);
+        assert_eq!(b.allowed(end, 15), 10, "a new window starts whole");
+        let v = b.hit(end + 1_000, 1);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_ms, 59_000);
+        assert_eq!(v.remaining, 0);
+    }
+
+    #[test]
+    fn fixed_window_counts_down_and_resets_at_window_end() {
+        let mut b = Bucket::new(rule(Algorithm::FixedWindow, 3, 1_000, 3));
+        let start = T0 - T0 % 1_000;
+        let v = b.hit(start + 250, 1);
+        assert_eq!((v.allowed, v.remaining, v.reset_ms), (true, 2, 750));
+        assert_eq!(b.hit(start + 250, 2).remaining, 0);
+        assert!(!b.hit(start + 999, 1).allowed);
+    }
+
+    #[test]
+    fn sliding_window_weights_the_previous_window() {
+        let r = rule(Algorithm::SlidingWindow, 10, 1_000, 10);
+        let start = T0 - T0 % 1_000;
+        let mut b = Bucket::new(r);
+        assert_eq!(b.allowed(start + 900, 10), 10);
+        // 25% into the next window: 10 × 0.75 = 7.5 counted, so 2 more fit.
+        assert_eq!(b.allowed(start + 1_250, 5), 2);
+        // 60% in: 10 × 0.4 + 2 = 6, so 4 more fit.
+        assert_eq!(b.allowed(start + 1_600, 10), 4);
+        // A fresh window later: previous (6) × 0.5 = 3, so 7 fit.
+        assert_eq!(b.allowed(start + 2_500, 10), 7);
+        // Two windows later nothing is remembered.
+        assert_eq!(b.allowed(start + 4_000, 20), 10);
+    }
+
+    #[test]
+    fn sliding_window_retry_after_is_when_the_request_fits() {
+        let r = rule(Algorithm::SlidingWindow, 10, 1_000, 10);
+        let start = T0 - T0 % 1_000;
+        let mut b = Bucket::new(r);
+        assert_eq!(b.allowed(start + 500, 10), 10);
+        let v = b.hit(start + 1_000, 1);
+        assert!(!v.allowed);
+        // At start+1000+w: 10 × (1000 − w)/1000 + 1 ≤ 10 ⇒ w ≥ 100.
+        assert_eq!(v.retry_after_ms, 100);
+        assert!(!b.hit(start + 1_099, 1).allowed);
+        assert!(b.hit(start + 1_100, 1).allowed);
+    }
+
+    #[test]
+    fn sliding_log_is_exact() {
+        let mut b = Bucket::new(rule(Algorithm::SlidingLog, 3, 1_000, 3));
+        assert!(b.hit(T0, 1).allowed);
+        assert!(b.hit(T0 + 100, 1).allowed);
+        assert!(b.hit(T0 + 200, 1).allowed);
+        let v = b.hit(T0 + 999, 1);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_ms, 1);
+        assert!(b.hit(T0 + 1_000, 1).allowed, "the first entry left (now − period, now]");
+        assert!(!b.hit(T0 + 1_050, 1).allowed);
+        let v = b.hit(T0 + 1_050, 2);
+        assert_eq!(v.retry_after_ms, 150, "two units must age out: T0+100 and T0+200");
+        assert!(b.hit(T0 + 1_100, 1).allowed);
+    }
+
+    #[test]
+    fn token_bucket_refills_continuously_and_charges_cost() {
+        let mut b = Bucket::new(rule(Algorithm::TokenBucket, 10, 1_000, 5));
+        let v = b.hit(T0, 3);
+        assert_eq!((v.allowed, v.remaining, v.reset_ms), (true, 2, 300));
+        assert_eq!(b.hit(T0, 2).remaining, 0);
+        let v = b.hit(T0, 1);
+        assert_eq!((v.allowed, v.retry_after_ms), (false, 100));
+        assert!(!b.hit(T0 + 99, 1).allowed);
+        assert!(b.hit(T0 + 100, 1).allowed);
+        let v = b.hit(T0 + 100, 2);
+        assert_eq!((v.allowed, v.retry_after_ms), (false, 200));
+        assert_eq!(b.hit(T0 + 10_000, 1).remaining, 4, "refill stops at burst");
+    }
+
+    #[test]
+    fn token_bucket_refills_fractions_exactly() {
+        // 3 per second: one token every 333.33 ms.
+        let mut b = Bucket::new(rule(Algorithm::TokenBucket, 3, 1_000, 1));
+        assert!(b.hit(T0, 1).allowed);
+        let v = b.hit(T0 + 333, 1);
+        assert_eq!((v.allowed, v.retry_after_ms), (false, 1));
+        assert!(b.hit(T0 + 334, 1).allowed);
+        assert!(!b.hit(T0 + 667, 1).allowed);
+        assert!(b.hit(T0 + 668, 1).allowed);
+    }
+
+    #[test]
+    fn gcra_matches_token_bucket_on_the_same_sequence() {
+        let mut seed = 42u64;
+        for (limit, period, burst) in [(10, 1_000, 10), (3, 1_000, 5), (7, 60_000, 2), (1000, 1, 1000)] {
+            let mut tb = Bucket::new(rule(Algorithm::TokenBucket, limit, period, burst));
+            let mut gc = Bucket::new(rule(Algorithm::Gcra, limit, period, burst));
+            let mut now = T0;
+            for _ in 0..5_000 {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                now += (seed >> 33) % (period / 2 + 1);
+                let cost = 1 + (seed >> 20) % 3;
+                assert_eq!(tb.hit(now, cost), gc.hit(now, cost), "limit {limit} period {period} at {now}");
+            }
+        }
+    }
+
+    #[test]
+    fn gcra_meets_redis_rate_expectations() {
+        // go-redis/redis_rate: rate 10/s, burst 10.
+        let mut b = Bucket::new(rule(Algorithm::Gcra, 10, 1_000, 10));
+        assert_eq!(b.hit(T0, 1).remaining, 9);
+        assert_eq!(b.hit(T0, 2).remaining, 7);
+        assert_eq!(b.hit(T0, 7).remaining, 0);
+        let v = b.hit(T0, 1000);
+        assert!(!v.allowed);
+        assert!((99_000..=101_000).contains(&v.retry_after_ms), "{}", v.retry_after_ms);
+    }
+
+    #[test]
+    fn delay_books_ahead_up_to_max_delay() {
+        for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+            let mut r = rule(algorithm, 10, 1_000, 1);
+            r.max_delay_ms = Some(250);
+            let mut b = Bucket::new(r);
+            assert_eq!(b.hit(T0, 1).wait_ms, 0);
+            assert_eq!(b.hit(T0, 1).wait_ms, 100);
+            assert_eq!(b.hit(T0, 1).wait_ms, 200);
+            let v = b.hit(T0, 1);
+            assert_eq!((v.allowed, v.retry_after_ms), (false, 300), "{algorithm:?}");
+            assert_eq!(b.hit(T0 + 50, 1).wait_ms, 250);
+        }
+    }
+
+    #[test]
+    fn leaky_bucket_waits_grow_by_t_per_queued_request() {
+        let mut b = Bucket::new(rule(Algorithm::LeakyBucket, 4, 1_000, 3));
+        let waits: Vec<u64> = (0..4).map(|_| b.hit(T0, 1).wait_ms).collect();
+        assert_eq!(waits, [0, 250, 500, 750]);
+        let v = b.hit(T0, 1);
+        assert_eq!((v.allowed, v.retry_after_ms), (false, 250));
+        assert_eq!(b.hit(T0 + 250, 1).wait_ms, 750, "one left the queue");
+        assert_eq!(b.hit(T0 + 10_000, 1).wait_ms, 0);
+    }
+
+    #[test]
+    fn concurrency_frees_released_and_expired_leases() {
+        let r = rule(Algorithm::Concurrency, 2, 1_000, 2);
+        let (v, s) = acquire(&r, None, T0, 1);
+        assert_eq!((v.allowed, v.remaining), (true, 1));
+        let (_, mut s) = acquire(&r, Some(&s), T0, 2);
+        assert!(!acquire(&r, Some(&s), T0, 3).0.allowed);
+        release(&mut s, 1);
+        let (v, s) = acquire(&r, Some(&s), T0, 3);
+        assert_eq!((v.allowed, v.remaining), (true, 0));
+        assert!(acquire(&r, Some(&s), T0 + 60_000, 4).0.allowed, "leases expire");
+    }
+
+    #[test]
+    fn expiry_marks_state_equal_to_none() {
+        let cases = [
+            (rule(Algorithm::FixedWindow, 5, 1_000, 5), 1),
+            (rule(Algorithm::SlidingWindow, 5, 1_000, 5), 3),
+            (rule(Algorithm::SlidingLog, 5, 1_000, 5), 2),
+            (rule(Algorithm::TokenBucket, 3, 1_000, 5), 4),
+            (rule(Algorithm::Gcra, 3, 1_000, 5), 4),
+            (rule(Algorithm::LeakyBucket, 3, 1_000, 5), 1),
+        ];
+        for (r, cost) in cases {
+            let (_, s) = decide(&r, None, T0 + 123, cost);
+            let at = expires_at(&r, &s);
+            assert!(at > T0 + 123);
+            assert_eq!(decide(&r, Some(&s), at, 1).0, decide(&r, None, at, 1).0, "{:?}", r.algorithm);
+            assert_ne!(decide(&r, Some(&s), at - 1, 1).0, decide(&r, None, at - 1, 1).0, "{:?}", r.algorithm);
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! What a limiter backend does: store state and decide a batch of checks atomically.
+
+use async_trait::async_trait;
+
+use super::algorithm::{Rule, Verdict};
+
+/// One policy's question for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// The full storage key: `<key_prefix>{<hash>}:<policy>:<algorithm>`.
+    pub key: String,
+    pub rule: Rule,
+    pub cost: u64,
+    /// A shadow policy does not block the batch; it is still charged when it allows.
+    pub enforce: bool,
+    /// concurrency: the lease id this request holds if admitted (never 0).
+    pub lease: u64,
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum BackendError {
+    #[error("timed out")]
+    Timeout,
+    #[error("connection failed: {0}")]
+    Connection(String),
+    #[error("script failed: {0}")]
+    Script(String),
+    #[error("circuit open")]
+    CircuitOpen,
+}
+
+impl BackendError {
+    /// The `kind` label of `sluice_backend_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendError::Timeout => "timeout",
+            BackendError::Connection(_) => "connection",
+            BackendError::Script(_) => "script",
+            BackendError::CircuitOpen => "circuit_open",
+        }
+    }
+}
+
+/// A store of limiter state. Backends only store and decide; keys, shadow mode, the deny
+/// cache, timeouts and fallbacks live in the limiter layer above them.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// The `backend` metric label: "memory" or "redis".
+    fn name(&self) -> &'static str;
+
+    /// Decides every check at `now_ms` (a backend with its own clock may ignore it), all or
+    /// nothing: when every `enforce` check allows, each allowing check is charged; otherwise
+    /// none is. Returns one verdict per check, in order.
+    async fn decide(&self, checks: &[Check], now_ms: u64) -> Result<Vec<Verdict>, BackendError>;
+
+    /// concurrency: frees the slot held by `lease` under `key`.
+    async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError>;
+
+    /// Whether the backend answers now (for `/readyz` and the circuit breaker's probe).
+    async fn ping(&self) -> bool;
+}

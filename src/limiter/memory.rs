@@ -1,0 +1,238 @@
+//! The embedded backend: limiter state in sharded in-process maps, bounded by `max_keys`.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+
+use async_trait::async_trait;
+use parking_lot::{Mutex, MutexGuard};
+
+use super::algorithm::{self, State, Verdict};
+use super::backend::{Backend, BackendError, Check};
+use crate::config::Algorithm;
+
+const SHARDS: usize = 64;
+/// Entries looked at to find a victim when a shard is full (Redis-style sampled eviction).
+const EVICTION_SAMPLE: usize = 16;
+/// Every this many inserts a shard drops all its expired entries.
+const SWEEP_EVERY: u64 = 4096;
+
+struct Entry {
+    state: State,
+    expires: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<String, Entry>,
+    inserts: u64,
+}
+
+pub struct MemoryBackend {
+    shards: Vec<Mutex<Shard>>,
+    per_shard: usize,
+}
+
+impl MemoryBackend {
+    pub fn new(max_keys: usize) -> Self {
+        MemoryBackend {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            per_shard: max_keys.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    fn shard_of(key: &str) -> usize {
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(key) as usize % SHARDS
+    }
+
+    /// Keys tracked now (including expired ones not yet dropped).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Decides a batch synchronously; every shard it touches is held for the whole batch,
+    /// so concurrent batches cannot interleave between check and charge.
+    pub fn decide_now(&self, checks: &[Check], now: u64) -> Vec<Verdict> {
+        let mut order: Vec<usize> = checks.iter().map(|c| Self::shard_of(&c.key)).collect();
+        order.sort_unstable();
+        order.dedup();
+        // Locks taken in ascending shard order never deadlock.
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+            order.iter().map(|&i| (i, self.shards[i].lock())).collect();
+        let mut outcomes = Vec::with_capacity(checks.len());
+        for check in checks {
+            let shard = Self::guard(&mut guards, &check.key);
+            let state = shard
+                .map
+                .get(&check.key)
+                .filter(|e| e.expires > now)
+                .map(|e| &e.state);
+            let outcome = match check.rule.algorithm {
+                Algorithm::Concurrency => algorithm::acquire(&check.rule, state, now, check.lease),
+                _ => algorithm::decide(&check.rule, state, now, check.cost),
+            };
+            outcomes.push(outcome);
+        }
+        let commit = checks
+            .iter()
+            .zip(&outcomes)
+            .all(|(c, (v, _))| v.allowed || !c.enforce);
+        if commit {
+            for (check, (verdict, state)) in checks.iter().zip(outcomes.iter_mut()) {
+                if verdict.allowed {
+                    let state = std::mem::replace(state, State::Leases(Vec::new()));
+                    let expires = algorithm::expires_at(&check.rule, &state);
+                    let per_shard = self.per_shard;
+                    Self::guard(&mut guards, &check.key).insert(check.key.clone(), state, expires, now, per_shard);
+                }
+            }
+        }
+        outcomes.into_iter().map(|(v, _)| v).collect()
+    }
+
+    fn guard<'a, 'g>(guards: &'a mut [(usize, MutexGuard<'g, Shard>)], key: &str) -> &'a mut Shard {
+        let i = Self::shard_of(key);
+        let at = guards.partition_point(|(s, _)| *s < i);
+        &mut guards[at].1
+    }
+
+    pub fn release_now(&self, key: &str, lease: u64) {
+        let mut shard = self.shards[Self::shard_of(key)].lock();
+        if let Some(entry) = shard.map.get_mut(key) {
+            algorithm::release(&mut entry.state, lease);
+        }
+    }
+}
+
+impl Shard {
+    fn insert(&mut self, key: String, state: State, expires: u64, now: u64, capacity: usize) {
+        self.inserts += 1;
+        if self.inserts % SWEEP_EVERY == 0 {
+            self.map.retain(|_, e| e.expires > now);
+        }
+        if self.map.len() >= capacity && !self.map.contains_key(&key) {
+            self.evict(now);
+        }
+        self.map.insert(key, Entry { state, expires });
+    }
+
+    /// Drops expired entries among a sample, or else the sampled entry closest to expiry.
+    fn evict(&mut self, now: u64) {
+        let sample: Vec<(String, u64)> = self
+            .map
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .map(|(k, e)| (k.clone(), e.expires))
+            .collect();
+        let expired: Vec<&String> = sample.iter().filter(|(_, exp)| *exp <= now).map(|(k, _)| k).collect();
+        if expired.is_empty() {
+            if let Some((victim, _)) = sample.iter().min_by_key(|(_, exp)| *exp) {
+                self.map.remove(victim);
+            }
+        } else {
+            for key in expired {
+                self.map.remove(key);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn decide(&self, checks: &[Check], now_ms: u64) -> Result<Vec<Verdict>, BackendError> {
+        Ok(self.decide_now(checks, now_ms))
+    }
+
+    async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError> {
+        self.release_now(key, lease);
+        Ok(())
+    }
+
+    async fn ping(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::algorithm::Rule;
+
+    fn check(key: &str, algorithm: Algorithm, limit: u64, enforce: bool) -> Check {
+        Check {
+            key: key.to_owned(),
+            rule: Rule {
+                algorithm,
+                limit,
+                period_ms: 1_000,
+                burst: limit,
+                max_delay_ms: None,
+                lease_ms: 60_000,
+            },
+            cost: 1,
+            enforce,
+            lease: 7,
+        }
+    }
+
+    #[test]
+    fn a_denied_batch_charges_nothing() {
+        let m = MemoryBackend::new(1000);
+        let wide = check("a", Algorithm::FixedWindow, 10, true);
+        let narrow = check("b", Algorithm::FixedWindow, 1, true);
+        let both = [wide.clone(), narrow.clone()];
+        assert!(m.decide_now(&both, 5_000).iter().all(|v| v.allowed));
+        let second = m.decide_now(&both, 5_000);
+        assert!(second[0].allowed && !second[1].allowed);
+        // `wide` was not charged by the denied batch: 8 left after this one, not 7.
+        assert_eq!(m.decide_now(&[wide], 5_000)[0].remaining, 8);
+    }
+
+    #[test]
+    fn a_shadow_denial_does_not_block_the_batch() {
+        let m = MemoryBackend::new(1000);
+        let enforce = check("a", Algorithm::FixedWindow, 10, true);
+        let shadow = check("b", Algorithm::FixedWindow, 1, false);
+        let both = [enforce.clone(), shadow];
+        m.decide_now(&both, 5_000);
+        let v = m.decide_now(&both, 5_000);
+        assert!(v[0].allowed && !v[1].allowed);
+        assert_eq!(m.decide_now(&[enforce], 5_000)[0].remaining, 7);
+    }
+
+    #[test]
+    fn distinct_keys_beyond_max_keys_are_evicted() {
+        let m = MemoryBackend::new(640);
+        for i in 0..50_000 {
+            m.decide_now(&[check(&format!("k{i}"), Algorithm::Gcra, 10, true)], 5_000);
+        }
+        assert!(m.len() <= 640, "{}", m.len());
+    }
+
+    #[test]
+    fn expired_state_reads_as_none() {
+        let m = MemoryBackend::new(1000);
+        let c = check("a", Algorithm::FixedWindow, 1, true);
+        assert!(m.decide_now(std::slice::from_ref(&c), 5_000)[0].allowed);
+        assert!(!m.decide_now(std::slice::from_ref(&c), 5_999)[0].allowed);
+        assert!(m.decide_now(&[c], 6_000)[0].allowed);
+    }
+
+    #[test]
+    fn concurrency_release_frees_the_slot() {
+        let m = MemoryBackend::new(1000);
+        let mut c = check("a", Algorithm::Concurrency, 1, true);
+        assert!(m.decide_now(std::slice::from_ref(&c), 5_000)[0].allowed);
+        c.lease = 8;
+        assert!(!m.decide_now(std::slice::from_ref(&c), 5_000)[0].allowed);
+        m.release_now("a", 7);
+        assert!(m.decide_now(&[c], 5_000)[0].allowed);
+    }
+}

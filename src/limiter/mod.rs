@@ -1,0 +1,431 @@
+//! The limiter layer: everything that does not depend on where state lives.
+//!
+//! It turns a route's policies into `Check`s (keys, exemptions, missing parts), asks the
+//! deny cache and then the backend for one all-or-nothing decision, applies shadow mode,
+//! timeouts, the circuit breaker and `on_error`, and counts every decision.
+
+pub mod algorithm;
+pub mod backend;
+pub mod clock;
+mod deny_cache;
+pub mod memory;
+pub mod redis;
+mod scripts;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use algorithm::{Rule, Verdict};
+use backend::{Backend, BackendError, Check};
+use clock::Clock;
+use deny_cache::DenyCache;
+use memory::MemoryBackend;
+
+use crate::config::{self, Algorithm, Mode, OnError, OnMissing, Policy};
+use crate::key::{self, RequestFacts};
+use crate::metrics::Metrics;
+
+/// Consecutive failures that open the circuit breaker, and how long it stays open.
+const BREAKER_THRESHOLD: u32 = 3;
+const BREAKER_OPEN: Duration = Duration::from_millis(500);
+
+/// How one policy came out for one request (the `decision` metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Allowed,
+    Rejected,
+    Delayed,
+    ShadowRejected,
+    Skipped,
+    Exempt,
+    ErrorAllowed,
+    ErrorDenied,
+}
+
+impl Decision {
+    pub fn label(self) -> &'static str {
+        match self {
+            Decision::Allowed => "allowed",
+            Decision::Rejected => "rejected",
+            Decision::Delayed => "delayed",
+            Decision::ShadowRejected => "shadow_rejected",
+            Decision::Skipped => "skipped",
+            Decision::Exempt => "exempt",
+            Decision::ErrorAllowed => "error_allowed",
+            Decision::ErrorDenied => "error_denied",
+        }
+    }
+}
+
+/// One policy's part in a request's outcome.
+#[derive(Debug, Clone)]
+pub struct PolicyOutcome {
+    pub policy: usize,
+    pub decision: Decision,
+    /// Present when the policy was decided (shown in response headers unless shadow).
+    pub verdict: Option<Verdict>,
+}
+
+/// Why a request may not pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    /// Over a limit (or a key part missing with `on_missing = "deny"`).
+    Limited {
+        status: u16,
+        retry_after_ms: u64,
+        violated: Vec<String>,
+    },
+    /// The backend failed and a policy says `on_error = "deny"`.
+    BackendDown,
+}
+
+/// A concurrency slot this request holds until it ends.
+pub struct Lease {
+    key: String,
+    id: u64,
+    backend: Arc<dyn Backend>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let (key, id, backend) = (std::mem::take(&mut self.key), self.id, self.backend.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = backend.release(&key, id).await;
+            });
+        }
+    }
+}
+
+pub struct Outcome {
+    pub policies: Vec<PolicyOutcome>,
+    pub denial: Option<Denial>,
+    /// Allowed: how long to hold the request before forwarding it.
+    pub wait_ms: u64,
+    pub leases: Vec<Lease>,
+}
+
+/// Long-lived parts that survive reloads when their settings do not change.
+pub struct Limiter {
+    settings: config::Limiter,
+    backend: Arc<dyn Backend>,
+    /// The memory backend: the store itself, or the `on_error = "local"` fallback.
+    local: Arc<MemoryBackend>,
+    deny_cache: Option<DenyCache>,
+    breaker: Breaker,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+    leases: AtomicU64,
+}
+
+#[derive(Default)]
+struct Breaker {
+    failures: AtomicU32,
+    /// Milliseconds (on the limiter clock) until which calls are not attempted.
+    open_until: AtomicU64,
+}
+
+impl Limiter {
+    /// Builds the limiter for `cfg`, reusing `previous`'s backend and state when the
+    /// `[limiter]` settings did not change, and its deny cache when no policy changed.
+    pub async fn new(
+        cfg: &config::Config,
+        previous: Option<&Limiter>,
+        previous_policies: &[Policy],
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Limiter, BackendError> {
+        let settings = cfg.limiter.clone();
+        let same = previous.filter(|p| p.settings == settings);
+        let local = match same {
+            Some(p) => p.local.clone(),
+            None => Arc::new(MemoryBackend::new(settings.max_keys)),
+        };
+        let backend: Arc<dyn Backend> = match (&settings.backend, same) {
+            (config::Backend::Memory, _) => local.clone(),
+            (_, Some(p)) => p.backend.clone(),
+            (_, None) => Arc::new(redis::RedisBackend::connect(&settings).await?),
+        };
+        let policies_same = cfg.policies.len() == previous_policies.len()
+            && cfg.policies.iter().zip(previous_policies).all(|(a, b)| a.name == b.name && a.same_rule(b));
+        let deny_cache = match (&settings.backend, same) {
+            (config::Backend::Memory, _) => None,
+            _ if settings.deny_cache == 0 => None,
+            (_, Some(p)) if policies_same => p.deny_cache.clone(),
+            _ => Some(DenyCache::new(settings.deny_cache)),
+        };
+        metrics.backend_up.with_label_values(&[backend.name()]).set(1);
+        Ok(Limiter {
+            settings,
+            backend,
+            local,
+            deny_cache,
+            breaker: Breaker::default(),
+            clock,
+            metrics,
+            leases: AtomicU64::new(rand::random::<u64>() | 1),
+        })
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Whether the backend answers within the decision timeout.
+    pub async fn ready(&self) -> bool {
+        tokio::time::timeout(self.settings.timeout.max(Duration::from_millis(250)), self.backend.ping())
+            .await
+            .unwrap_or(false)
+    }
+
+    fn storage_key(&self, policy: &Policy, value: &[u8]) -> String {
+        format!(
+            "{}{{{}}}:{}:{}",
+            self.settings.key_prefix,
+            key::hash(value),
+            policy.name,
+            policy.algorithm.name()
+        )
+    }
+
+    /// Decides one request against `policy_ids` (indexes into `policies`) of route `route`.
+    pub async fn decide(&self, route: &str, policies: &[Policy], policy_ids: &[usize], req: &RequestFacts<'_>) -> Outcome {
+        let mut outcome = Outcome {
+            policies: Vec::with_capacity(policy_ids.len()),
+            denial: None,
+            wait_ms: 0,
+            leases: Vec::new(),
+        };
+        if policy_ids.is_empty() {
+            return outcome;
+        }
+        let now = self.clock.now_ms();
+        let mut checks: Vec<Check> = Vec::with_capacity(policy_ids.len());
+        let mut checked: Vec<usize> = Vec::with_capacity(policy_ids.len());
+        let mut violated: Vec<usize> = Vec::new();
+        for &id in policy_ids {
+            let policy = &policies[id];
+            if policy.exempt.iter().any(|net| net.contains(&req.client_ip)) {
+                outcome.policies.push(PolicyOutcome { policy: id, decision: Decision::Exempt, verdict: None });
+                continue;
+            }
+            let value = match (key::key_value(&policy.key, req), policy.on_missing) {
+                (Some(v), _) => v,
+                (None, OnMissing::Skip) => {
+                    outcome.policies.push(PolicyOutcome { policy: id, decision: Decision::Skipped, verdict: None });
+                    continue;
+                }
+                (None, OnMissing::Deny) => {
+                    let shadow = policy.mode == Mode::Shadow;
+                    let decision = if shadow { Decision::ShadowRejected } else { Decision::Rejected };
+                    outcome.policies.push(PolicyOutcome { policy: id, decision, verdict: None });
+                    if !shadow {
+                        violated.push(id);
+                    }
+                    continue;
+                }
+                // Every request without the part shares one bucket.
+                (None, OnMissing::Shared) => b"\xffmissing".to_vec(),
+            };
+            let key = self.storage_key(policy, &value);
+            let enforce = policy.mode == Mode::Enforce;
+            if enforce && policy.algorithm != Algorithm::Concurrency {
+                if let Some(retry_after_ms) = self.deny_cache.as_ref().and_then(|c| c.get(&key, now)) {
+                    self.metrics.deny_cache_hits.with_label_values(&[&policy.name]).inc();
+                    let verdict = Verdict { allowed: false, retry_after_ms, ..Verdict::default() };
+                    outcome.policies.push(PolicyOutcome { policy: id, decision: Decision::Rejected, verdict: Some(verdict) });
+                    violated.push(id);
+                    continue;
+                }
+            }
+            checks.push(Check {
+                key,
+                rule: rule_of(policy),
+                cost: policy.cost,
+                enforce,
+                lease: if policy.algorithm == Algorithm::Concurrency { self.next_lease() } else { 0 },
+            });
+            checked.push(id);
+        }
+        if !violated.is_empty() {
+            // Already denied: ask nothing more, charge nothing.
+            self.finish_denied(policies, &mut outcome, &violated);
+            self.count(route, policies, &outcome);
+            return outcome;
+        }
+        if !checks.is_empty() {
+            let verdicts = self.call_backend(&checks, now, policies, &checked).await;
+            self.apply(&mut outcome, policies, &checks, &checked, verdicts, now);
+        }
+        self.count(route, policies, &outcome);
+        outcome
+    }
+
+    fn next_lease(&self) -> u64 {
+        // Odd numbers from a random start: never 0, unique per process.
+        self.leases.fetch_add(2, Ordering::Relaxed)
+    }
+
+    /// The backend's verdicts, or per-check fallbacks when it fails.
+    async fn call_backend(
+        &self,
+        checks: &[Check],
+        now: u64,
+        policies: &[Policy],
+        checked: &[usize],
+    ) -> Vec<(Result<Verdict, OnError>, Arc<dyn Backend>)> {
+        let started = Instant::now();
+        let result = if self.breaker.open_until.load(Ordering::Relaxed) > now {
+            Err(BackendError::CircuitOpen)
+        } else {
+            match tokio::time::timeout(self.settings.timeout, self.backend.decide(checks, now)).await {
+                Ok(r) => r,
+                Err(_) => Err(BackendError::Timeout),
+            }
+        };
+        let name = self.backend.name();
+        self.metrics
+            .limiter_duration
+            .with_label_values(&[name])
+            .observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(verdicts) => {
+                self.breaker.failures.store(0, Ordering::Relaxed);
+                self.metrics.backend_up.with_label_values(&[name]).set(1);
+                verdicts.into_iter().map(|v| (Ok(v), self.backend.clone())).collect()
+            }
+            Err(e) => {
+                self.metrics.backend_errors.with_label_values(&[name, e.kind()]).inc();
+                if e != BackendError::CircuitOpen {
+                    self.metrics.backend_up.with_label_values(&[name]).set(0);
+                    let failures = self.breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                    if failures >= BREAKER_THRESHOLD {
+                        let until = now + BREAKER_OPEN.as_millis() as u64;
+                        self.breaker.open_until.store(until, Ordering::Relaxed);
+                        log::warn!("limiter backend {name} failing ({e}); circuit open for {BREAKER_OPEN:?}");
+                    }
+                }
+                self.fallback(checks, now, policies, checked)
+            }
+        }
+    }
+
+    /// `on_error` per policy: `local` checks are decided together by the memory backend.
+    fn fallback(
+        &self,
+        checks: &[Check],
+        now: u64,
+        policies: &[Policy],
+        checked: &[usize],
+    ) -> Vec<(Result<Verdict, OnError>, Arc<dyn Backend>)> {
+        let on_error: Vec<OnError> = checked
+            .iter()
+            .map(|&id| policies[id].on_error.unwrap_or(self.settings.on_error))
+            .collect();
+        let local_checks: Vec<Check> = checks
+            .iter()
+            .zip(&on_error)
+            .filter(|(_, e)| **e == OnError::Local)
+            .map(|(c, _)| c.clone())
+            .collect();
+        let mut local_verdicts = self.local.decide_now(&local_checks, now).into_iter();
+        let local: Arc<dyn Backend> = self.local.clone();
+        on_error
+            .iter()
+            .map(|e| match e {
+                OnError::Local => (Ok(local_verdicts.next().unwrap_or_default()), local.clone()),
+                other => (Err(*other), local.clone()),
+            })
+            .collect()
+    }
+
+    fn apply(
+        &self,
+        outcome: &mut Outcome,
+        policies: &[Policy],
+        checks: &[Check],
+        checked: &[usize],
+        verdicts: Vec<(Result<Verdict, OnError>, Arc<dyn Backend>)>,
+        now: u64,
+    ) {
+        let mut violated = Vec::new();
+        let mut backend_down = false;
+        for ((check, &id), (verdict, _)) in checks.iter().zip(checked).zip(&verdicts) {
+            let decision = match verdict {
+                Ok(v) if v.allowed && v.wait_ms > 0 => Decision::Delayed,
+                Ok(v) if v.allowed => Decision::Allowed,
+                Ok(_) if !check.enforce => Decision::ShadowRejected,
+                Ok(_) => {
+                    violated.push(id);
+                    Decision::Rejected
+                }
+                Err(OnError::Deny) if check.enforce => {
+                    backend_down = true;
+                    Decision::ErrorDenied
+                }
+                Err(OnError::Deny) => Decision::ErrorDenied,
+                Err(_) => Decision::ErrorAllowed,
+            };
+            outcome.policies.push(PolicyOutcome { policy: id, decision, verdict: verdict.as_ref().ok().copied() });
+        }
+        if backend_down {
+            outcome.denial = Some(Denial::BackendDown);
+            return;
+        }
+        if !violated.is_empty() {
+            if let Some(cache) = &self.deny_cache {
+                for ((check, _), (verdict, _)) in checks.iter().zip(checked).zip(&verdicts) {
+                    if let Ok(v) = verdict {
+                        if check.enforce && !v.allowed && check.rule.algorithm != Algorithm::Concurrency {
+                            cache.insert(&check.key, now + v.retry_after_ms);
+                        }
+                    }
+                }
+            }
+            self.finish_denied(policies, outcome, &violated);
+            return;
+        }
+        for (check, (verdict, backend)) in checks.iter().zip(verdicts) {
+            let Ok(v) = verdict else { continue };
+            outcome.wait_ms = outcome.wait_ms.max(v.wait_ms);
+            if check.lease != 0 && v.allowed {
+                outcome.leases.push(Lease { key: check.key.clone(), id: check.lease, backend });
+            }
+        }
+    }
+
+    fn finish_denied(&self, policies: &[Policy], outcome: &mut Outcome, violated: &[usize]) {
+        let status = policies[violated[0]].status;
+        let retry_after_ms = outcome
+            .policies
+            .iter()
+            .filter(|p| violated.contains(&p.policy))
+            .filter_map(|p| p.verdict.map(|v| v.retry_after_ms))
+            .max()
+            .unwrap_or(0);
+        let names = violated.iter().map(|&id| policies[id].name.clone()).collect();
+        outcome.denial = Some(Denial::Limited { status, retry_after_ms, violated: names });
+    }
+
+    fn count(&self, route: &str, policies: &[Policy], outcome: &Outcome) {
+        for p in &outcome.policies {
+            self.metrics
+                .decisions
+                .with_label_values(&[route, &policies[p.policy].name, p.decision.label()])
+                .inc();
+        }
+    }
+}
+
+/// The numbers of `policy` its algorithm needs.
+pub fn rule_of(policy: &Policy) -> Rule {
+    Rule {
+        algorithm: policy.algorithm,
+        limit: policy.limit.get(),
+        period_ms: (policy.period.as_millis() as u64).max(1),
+        burst: policy.burst.get(),
+        max_delay_ms: policy.delay.map(|d| d.as_millis() as u64),
+        lease_ms: (policy.lease.as_millis() as u64).max(1),
+    }
+}

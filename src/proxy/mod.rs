@@ -1,0 +1,273 @@
+//! The Pingora proxy: route, decide in `request_filter`, forward, count in `logging`.
+
+pub mod response;
+pub mod upstream;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::*;
+use pingora::upstreams::peer::{HttpPeer, Peer};
+
+use crate::config::{AccessLog, Target};
+use crate::gateway::{App, Gateway};
+use crate::key::{self, RequestFacts};
+use crate::limiter::{Lease, PolicyOutcome};
+use crate::routing::{self, UNMATCHED};
+
+pub struct Proxy {
+    pub app: Arc<App>,
+}
+
+/// Per-request state carried between Pingora's phases.
+pub struct Ctx {
+    app: Arc<App>,
+    started: Instant,
+    gateway: Option<Arc<Gateway>>,
+    route: Option<usize>,
+    client_ip: IpAddr,
+    decisions: Vec<PolicyOutcome>,
+    rate_headers: Vec<(&'static str, String)>,
+    /// Concurrency slots, released when the request ends (dropped with the context).
+    _leases: Vec<Lease>,
+    upstream_started: Option<Instant>,
+    attempts: usize,
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        self.app.request_ended();
+    }
+}
+
+impl Ctx {
+    fn route_name(&self) -> &str {
+        match (&self.gateway, self.route) {
+            (Some(g), Some(i)) => &g.config.routes[i].name,
+            _ => UNMATCHED,
+        }
+    }
+}
+
+async fn write_response(
+    session: &mut Session,
+    status: u16,
+    headers: &[(&'static str, String)],
+    content_type: &str,
+    body: Bytes,
+) -> Result<()> {
+    let mut resp = ResponseHeader::build(status, Some(headers.len() + 2))?;
+    resp.insert_header("Content-Type", content_type)?;
+    resp.insert_header("Content-Length", body.len().to_string())?;
+    for (name, value) in headers {
+        resp.insert_header(*name, value.as_str())?;
+    }
+    let head = session.req_header().method == http::Method::HEAD;
+    session.write_response_header(Box::new(resp), head || body.is_empty()).await?;
+    if !head && !body.is_empty() {
+        session.write_response_body(Some(body), true).await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl ProxyHttp for Proxy {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        self.app.request_started();
+        Ctx {
+            app: self.app.clone(),
+            started: Instant::now(),
+            gateway: None,
+            route: None,
+            client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            decisions: Vec::new(),
+            rate_headers: Vec::new(),
+            _leases: Vec::new(),
+            upstream_started: None,
+            attempts: 0,
+        }
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let gateway = self.app.current.load_full();
+        ctx.gateway = Some(gateway.clone());
+        let config = &gateway.config;
+        let req = session.req_header();
+        let raw_host = req
+            .uri
+            .host()
+            .or_else(|| req.headers.get(http::header::HOST).and_then(|h| h.to_str().ok()))
+            .unwrap_or("");
+        let host = routing::normalize_host(raw_host);
+        let path = req.uri.path().to_owned();
+        let method = req.method.as_str().to_owned();
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+        let req = session.req_header();
+        ctx.client_ip = key::client_ip(peer, &req.headers, &config.server.client_ip_header, &config.server.trusted_proxies);
+
+        let Some(route_id) = routing::match_route(&config.routes, &host, &path, &method) else {
+            write_response(session, 404, &[], "text/plain", Bytes::from_static(b"no route\n")).await?;
+            return Ok(true);
+        };
+        ctx.route = Some(route_id);
+        let route = &config.routes[route_id];
+        let facts = RequestFacts {
+            client_ip: ctx.client_ip,
+            method: &method,
+            host: &host,
+            path: &path,
+            query: req.uri.query(),
+            headers: &req.headers,
+            route: &route.name,
+        };
+        let outcome = gateway.limiter.decide(&route.name, &config.policies, &route.policies, &facts).await;
+        ctx.rate_headers = response::rate_limit_headers(config.server.headers, &config.policies, &outcome.policies);
+        ctx.decisions = outcome.policies;
+        ctx._leases = outcome.leases;
+        if let Some(denial) = &outcome.denial {
+            let (status, extra, body) = response::denial(denial);
+            let mut headers = ctx.rate_headers.clone();
+            headers.extend(extra);
+            write_response(session, status, &headers, "application/problem+json", Bytes::from(body)).await?;
+            return Ok(true);
+        }
+        if outcome.wait_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(outcome.wait_ms)).await;
+        }
+        if let Target::Respond { status, body, content_type } = &route.target {
+            let body = Bytes::from(body.clone());
+            write_response(session, *status, &ctx.rate_headers, content_type, body).await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route) else {
+            return Err(Error::new(ErrorType::InternalError));
+        };
+        let Target::Upstream(upstream) = gateway.config.routes[route].target else {
+            return Err(Error::new(ErrorType::InternalError));
+        };
+        let pool = &gateway.pools[upstream];
+        let server = pool.pick(ctx.client_ip, ctx.attempts);
+        let cfg = &pool.config;
+        let sni = if cfg.sni.is_empty() { server.addr.ip().to_string() } else { cfg.sni.clone() };
+        let mut peer = HttpPeer::new(server.addr, cfg.tls, sni);
+        peer.options.connection_timeout = Some(cfg.connect_timeout);
+        peer.options.total_connection_timeout = Some(cfg.connect_timeout);
+        peer.options.read_timeout = Some(cfg.read_timeout);
+        ctx.upstream_started.get_or_insert_with(Instant::now);
+        Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(&self, _session: &mut Session, peer: &HttpPeer, ctx: &mut Ctx, mut e: Box<Error>) -> Box<Error> {
+        let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route) else { return e };
+        if let Target::Upstream(upstream) = gateway.config.routes[route].target {
+            let pool = &gateway.pools[upstream];
+            // With active checks, a refused connect marks the server down until one succeeds.
+            if pool.config.health_interval.is_some() {
+                if let Some(addr) = peer.address().as_inet() {
+                    pool.mark(*addr, false);
+                }
+            }
+            ctx.attempts += 1;
+            if ctx.attempts < pool.servers.len() {
+                e.set_retry(true);
+            }
+        }
+        e
+    }
+
+    async fn upstream_request_filter(&self, session: &mut Session, upstream: &mut RequestHeader, _ctx: &mut Ctx) -> Result<()> {
+        // Append the TCP peer, as nginx's $proxy_add_x_forwarded_for does.
+        if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
+            let forwarded = match upstream.headers.get("x-forwarded-for").map(|v| v.as_bytes().to_vec()) {
+                Some(mut existing) => {
+                    existing.extend_from_slice(b", ");
+                    existing.extend_from_slice(peer.ip().to_string().as_bytes());
+                    existing
+                }
+                None => peer.ip().to_string().into_bytes(),
+            };
+            upstream.insert_header("X-Forwarded-For", forwarded)?;
+        }
+        Ok(())
+    }
+
+    async fn response_filter(&self, _session: &mut Session, resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
+        for (name, value) in &ctx.rate_headers {
+            resp.insert_header(*name, value.as_str())?;
+        }
+        Ok(())
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let status = session
+            .response_written()
+            .map(|r| r.status.as_u16())
+            .unwrap_or(if e.is_some() { 502 } else { 0 });
+        let route = ctx.route_name().to_owned();
+        let elapsed = ctx.started.elapsed();
+        let m = &self.app.metrics;
+        m.http_requests.with_label_values(&[&route, &status.to_string()]).inc();
+        m.http_duration.with_label_values(&[&route]).observe(elapsed.as_secs_f64());
+        let Some(gateway) = &ctx.gateway else { return };
+        if let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route) {
+            if let Target::Upstream(u) = gateway.config.routes[r].target {
+                m.upstream_duration
+                    .with_label_values(&[&gateway.config.upstreams[u].name])
+                    .observe(at.elapsed().as_secs_f64());
+            }
+        }
+        let format = gateway.config.server.access_log;
+        if format != AccessLog::Off {
+            access_log(format, session, ctx, &gateway, &route, status, elapsed);
+        }
+    }
+}
+
+fn access_log(format: AccessLog, session: &Session, ctx: &Ctx, gateway: &Gateway, route: &str, status: u16, elapsed: Duration) {
+    use std::io::Write;
+    let req = session.req_header();
+    let decisions: serde_json::Map<String, serde_json::Value> = ctx
+        .decisions
+        .iter()
+        .map(|d| (gateway.config.policies[d.policy].name.clone(), d.decision.label().into()))
+        .collect();
+    let line = match format {
+        AccessLog::Json => serde_json::json!({
+            "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+            "client_ip": ctx.client_ip.to_string(),
+            "method": req.method.as_str(),
+            "path": req.uri.path(),
+            "route": route,
+            "status": status,
+            "duration_ms": elapsed.as_secs_f64() * 1000.0,
+            "decisions": decisions,
+        })
+        .to_string(),
+        _ => {
+            let d: Vec<String> = decisions.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
+            format!(
+                "{} {} {} route={route} status={status} duration_ms={:.3} decisions={}",
+                ctx.client_ip,
+                req.method,
+                req.uri.path(),
+                elapsed.as_secs_f64() * 1000.0,
+                d.join(",")
+            )
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+}

@@ -1,0 +1,94 @@
+//! Matching a request to the first route whose hosts, path and methods all fit.
+
+use crate::config::{HostMatch, PathMatch, Route};
+
+/// The route label for requests that match no route.
+pub const UNMATCHED: &str = "unmatched";
+
+/// Index of the first matching route. `host` is lower-case without port.
+pub fn match_route(routes: &[Route], host: &str, path: &str, method: &str) -> Option<usize> {
+    routes.iter().position(|r| {
+        (r.hosts.is_empty() || r.hosts.iter().any(|h| host_matches(h, host)))
+            && path_matches(&r.path, path)
+            && (r.methods.is_empty() || r.methods.iter().any(|m| m == method))
+    })
+}
+
+fn host_matches(pattern: &HostMatch, host: &str) -> bool {
+    match pattern {
+        HostMatch::Exact(h) => h == host,
+        // "*.example.org" matches "a.example.org" and "a.b.example.org", not "example.org".
+        HostMatch::Suffix(suffix) => host.len() > suffix.len() && host.ends_with(suffix.as_str()),
+    }
+}
+
+fn path_matches(pattern: &PathMatch, path: &str) -> bool {
+    match pattern {
+        PathMatch::Any => true,
+        PathMatch::Exact(p) => p == path,
+        PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+        PathMatch::Regex(re) => re.is_match(path),
+    }
+}
+
+/// The Host header (or URI authority) without port, lower-cased.
+pub fn normalize_host(raw: &str) -> String {
+    let raw = raw.trim();
+    let host = if let Some(rest) = raw.strip_prefix('[') {
+        // [v6]:port
+        rest.split(']').next().unwrap_or(rest)
+    } else {
+        raw.rsplit_once(':')
+            .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(raw, |(h, _)| h)
+    };
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+
+    fn routes() -> Vec<Route> {
+        let text = r#"
+[server]
+listen = ["127.0.0.1:1"]
+[[routes]]
+name = "api"
+hosts = ["api.example.com", "*.example.org"]
+path_prefix = "/v1/"
+methods = ["GET"]
+respond = { status = 200 }
+[[routes]]
+name = "user"
+path_regex = "^/users/[0-9]+$"
+respond = { status = 200 }
+[[routes]]
+name = "exact"
+path = "/hello"
+respond = { status = 200 }
+"#;
+        config::parse("t.toml", text).expect("valid test config").routes
+    }
+
+    #[test]
+    fn first_match_wins_by_host_path_and_method() {
+        let r = routes();
+        assert_eq!(match_route(&r, "api.example.com", "/v1/x", "GET"), Some(0));
+        assert_eq!(match_route(&r, "a.b.example.org", "/v1/x", "GET"), Some(0));
+        assert_eq!(match_route(&r, "example.org", "/v1/x", "GET"), None);
+        assert_eq!(match_route(&r, "api.example.com", "/v1/x", "POST"), None);
+        assert_eq!(match_route(&r, "x", "/users/42", "POST"), Some(1));
+        assert_eq!(match_route(&r, "x", "/users/4a", "GET"), None);
+        assert_eq!(match_route(&r, "x", "/hello", "GET"), Some(2));
+        assert_eq!(match_route(&r, "x", "/hello/", "GET"), None);
+    }
+
+    #[test]
+    fn hosts_are_normalized() {
+        assert_eq!(normalize_host("API.Example.com:8080"), "api.example.com");
+        assert_eq!(normalize_host("[::1]:80"), "::1");
+        assert_eq!(normalize_host("example.com."), "example.com");
+    }
+}

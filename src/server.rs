@@ -1,0 +1,114 @@
+//! Starting sluice: the I/O runtime, the Pingora services, reloads and draining shutdown.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::server::configuration::ServerConf;
+use pingora::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
+use pingora::services::listening::Service;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::admin::Admin;
+use crate::config::Config;
+use crate::gateway::{App, Gateway};
+use crate::limiter::clock::SystemClock;
+use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+
+/// Serves `config` (already validated, read from `config_path`) until SIGTERM or SIGINT.
+pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
+    // One long-lived runtime for backend connections, health checks and reloads: Pingora's
+    // per-service runtimes must not own anything that outlives a request.
+    let io = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("sluice-io")
+        .enable_all()
+        .build()?;
+    let metrics = Arc::new(Metrics::new());
+    let clock = Arc::new(SystemClock);
+    let gateway = io
+        .block_on(Gateway::build(config.clone(), None, clock.clone(), metrics.clone()))
+        .map_err(anyhow::Error::msg)?;
+    let app = Arc::new(App {
+        current: ArcSwap::from_pointee(gateway),
+        metrics,
+        clock,
+        config_path,
+        io: io.handle().clone(),
+        in_flight: AtomicUsize::new(0),
+    });
+    let mut hangups = io.block_on(async { signal(SignalKind::hangup()) })?;
+    let reloader = app.clone();
+    io.spawn(async move {
+        while hangups.recv().await.is_some() {
+            let _ = reloader.reload().await;
+        }
+    });
+
+    let grace = config.server.grace_period;
+    let conf = ServerConf {
+        threads: config.server.threads,
+        grace_period_seconds: Some(grace.as_secs() + u64::from(grace.subsec_nanos() > 0)),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(&server.configuration, Proxy { app: app.clone() }, "proxy");
+    for addr in &config.server.listen {
+        proxy.add_tcp(&addr.to_string());
+    }
+    let mut admin = Service::new("admin".to_owned(), Admin { app: app.clone() });
+    admin.add_tcp(&config.admin.listen.to_string());
+    admin.threads = Some(1);
+    server.add_service(proxy);
+    server.add_service(admin);
+    log::info!(
+        "sluice {} serving {:?}, admin on {}",
+        env!("CARGO_PKG_VERSION"),
+        config.server.listen,
+        config.admin.listen
+    );
+    server.run(RunArgs {
+        shutdown_signal: Box::new(Drain { app, grace }),
+    });
+    drop(io);
+    Ok(())
+}
+
+/// SIGTERM or SIGINT: stop accepting, then exit as soon as no request is in flight,
+/// or when the grace period ends.
+struct Drain {
+    app: Arc<App>,
+    grace: Duration,
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for Drain {
+    async fn recv(&self) -> ShutdownSignal {
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            log::error!("cannot watch SIGTERM/SIGINT; stopping");
+            return ShutdownSignal::FastShutdown;
+        };
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        log::info!("shutting down: draining in-flight requests (at most {:?})", self.grace);
+        let app = self.app.clone();
+        let deadline = Instant::now() + self.grace;
+        std::thread::spawn(move || {
+            while app.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            std::process::exit(0);
+        });
+        ShutdownSignal::GracefulTerminate
+    }
+}
