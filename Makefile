@@ -1,0 +1,65 @@
+# sluice: `make run` serves conf/sluice.toml; `make test` runs everything CI runs.
+
+CARGO    ?= cargo
+SLUICE   := target/release/sluice
+PREFIX   ?= /usr
+DESTDIR  ?=
+# Debian packages the build (cmake) and the tests (redis-server, redis-cli) need.
+DEB_DEPS := cmake redis-server redis-tools
+CONFIGS  := $(wildcard conf/*.toml)
+
+.PHONY: all deps build run test lint unit check-configs ops bench install clean
+
+all: build
+
+# Installs what is missing with apt when run as root; otherwise says exactly what to install.
+deps:
+	@missing=""; \
+	command -v cmake >/dev/null 2>&1 || missing="$$missing cmake"; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "missing:$$missing -- install with: sudo apt-get install -y$$missing" >&2; exit 1; \
+	  fi; \
+	fi
+
+build: deps
+	$(CARGO) build --release --locked
+
+run: build
+	$(SLUICE) run --config conf/sluice.toml
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --release --locked --all-targets -- -D warnings
+
+# Tests run on the release build: one compile serves the binary, the tests and the bench.
+unit: build
+	$(CARGO) test --release --locked
+
+check-configs: build
+	@for f in $(CONFIGS); do $(SLUICE) check --config $$f || exit 1; done
+
+ops: build
+	scripts/check-ops.sh $(SLUICE)
+
+test: deps lint unit check-configs ops
+
+bench: build
+	bench/run.sh $(SLUICE)
+
+install: build
+	install -D -m 0755 $(SLUICE) $(DESTDIR)$(PREFIX)/bin/sluice
+	install -D -m 0644 systemd/sluice.service $(DESTDIR)/lib/systemd/system/sluice.service
+	@if [ -e $(DESTDIR)/etc/sluice/sluice.toml ]; then \
+	  echo "keeping existing $(DESTDIR)/etc/sluice/sluice.toml"; \
+	else \
+	  install -D -m 0644 conf/sluice.toml $(DESTDIR)/etc/sluice/sluice.toml; \
+	fi
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,192 @@
+//! Shared test harness: the real `sluice` binary as a child process, free ports, HTTP.
+#![allow(dead_code)]
+
+pub mod http;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `sluice run`, killed on drop.
+pub struct Sluice {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub config: PathBuf,
+    _dir: TempDir,
+}
+
+/// Replaces `{listen}` and `{admin}` in a config template with free addresses.
+pub fn render(template: &str, listen: SocketAddr, admin: SocketAddr) -> String {
+    template
+        .replace("{listen}", &listen.to_string())
+        .replace("{admin}", &admin.to_string())
+}
+
+impl Sluice {
+    /// Starts sluice on `template` (a config with `{listen}` and `{admin}` placeholders)
+    /// and waits until both listeners answer.
+    pub fn start(template: &str) -> Sluice {
+        Self::start_with_env(template, &[])
+    }
+
+    pub fn start_with_env(template: &str, env: &[(&str, &str)]) -> Sluice {
+        let dir = TempDir::new();
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let config = dir.0.join("sluice.toml");
+        std::fs::write(&config, render(template, addr, admin)).expect("write config");
+        let mut cmd = Command::new(SLUICE);
+        // Logs go to files: a full pipe nobody reads would block sluice.
+        let stdout = std::fs::File::create(dir.0.join("stdout.log")).expect("stdout file");
+        let stderr = std::fs::File::create(dir.0.join("stderr.log")).expect("stderr file");
+        cmd.arg("run").arg("--config").arg(&config).stdout(Stdio::from(stdout)).stderr(Stdio::from(stderr));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start sluice");
+        let mut s = Sluice { child, addr, admin, config, _dir: dir };
+        s.wait_ready();
+        s
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("sluice exited early ({status}): {}", self.stderr());
+            }
+            let admin_up = http::get(self.admin, "/healthz", &[]).status == 200;
+            if admin_up && TcpStream::connect(self.addr).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("sluice did not become ready on {} / {}", self.addr, self.admin);
+    }
+
+    pub fn get(&self, path: &str) -> http::Response {
+        http::get(self.addr, path, &[])
+    }
+
+    pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> http::Response {
+        http::get(self.addr, path, headers)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// Writes a new config (same placeholders) and sends SIGHUP.
+    pub fn reload(&self, template: &str) {
+        std::fs::write(&self.config, render(template, self.addr, self.admin)).expect("write config");
+        self.signal("HUP");
+    }
+
+    pub fn metrics(&self) -> String {
+        http::get(self.admin, "/metrics", &[]).body
+    }
+
+    /// The value of one sample line of /metrics, e.g. `metric(r#"sluice_http_requests_total{route="a",status="200"}"#)`.
+    /// Label order is as the prometheus crate writes it (alphabetical).
+    pub fn metric(&self, sample: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
+    /// Waits up to `timeout` for `cond`.
+    pub fn wait_for(&self, timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        cond()
+    }
+
+    /// What sluice wrote to stdout (the access log) so far.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(self._dir.0.join("stdout.log")).unwrap_or_default()
+    }
+
+    /// What sluice wrote to stderr (its own log) so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self._dir.0.join("stderr.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Fires `n` GETs at once (one thread each, released together) and returns their responses.
+pub fn burst(addr: SocketAddr, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<http::Response> {
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(n));
+    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (barrier, path, headers) = (barrier.clone(), path.to_owned(), headers.clone());
+            std::thread::spawn(move || {
+                let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                barrier.wait();
+                http::get(addr, &path, &h)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("request thread")).collect()
+}
+
+pub fn count_status(responses: &[http::Response], status: u16) -> usize {
+    responses.iter().filter(|r| r.status == status).count()
+}
