@@ -111,6 +111,14 @@ impl Sluice {
         self.child.id()
     }
 
+    /// Whether the process is still running.
+    pub fn child_alive(&self) -> bool {
+        Command::new("kill")
+            .args(["-0", &self.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .arg(format!("-{sig}"))
