@@ -34,7 +34,10 @@ impl ServeHttp for Admin {
                 if gateway.limiter.ready().await {
                     reply(200, "text/plain", b"ready\n".to_vec())
                 } else {
-                    let body = format!("limiter backend {} unreachable\n", gateway.limiter.backend_name());
+                    let body = format!(
+                        "limiter backend {} unreachable\n",
+                        gateway.limiter.backend_name()
+                    );
                     reply(503, "text/plain", body.into_bytes())
                 }
             }

@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "sluice", version, about = "A rate-limiting reverse proxy for the edge")]
+#[command(
+    name = "sluice",
+    version,
+    about = "A rate-limiting reverse proxy for the edge"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

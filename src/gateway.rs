@@ -33,11 +33,21 @@ impl Gateway {
             pools.push(Arc::new(Pool::resolve(upstream).await?));
         }
         let previous_policies = previous.map_or(&[][..], |p| &p.config.policies[..]);
-        let limiter = Limiter::new(&config, previous.map(|p| &p.limiter), previous_policies, clock, metrics)
-            .await
-            .map_err(|e| format!("limiter backend: {e}"))?;
+        let limiter = Limiter::new(
+            &config,
+            previous.map(|p| &p.limiter),
+            previous_policies,
+            clock,
+            metrics,
+        )
+        .await
+        .map_err(|e| format!("limiter backend: {e}"))?;
         spawn_health_checks(&pools);
-        Ok(Gateway { config, pools, limiter })
+        Ok(Gateway {
+            config,
+            pools,
+            limiter,
+        })
     }
 }
 
@@ -58,7 +68,10 @@ impl App {
     pub async fn reload(&self) -> Result<(), String> {
         let result = self.try_reload().await;
         let label = if result.is_ok() { "success" } else { "failure" };
-        self.metrics.config_reloads.with_label_values(&[label]).inc();
+        self.metrics
+            .config_reloads
+            .with_label_values(&[label])
+            .inc();
         match &result {
             Ok(()) => log::info!("config reloaded from {}", self.config_path.display()),
             Err(e) => log::error!("config reload rejected, keeping the old config:\n{e}"),
@@ -69,10 +82,13 @@ impl App {
     async fn try_reload(&self) -> Result<(), String> {
         let config = config::load(&self.config_path).map_err(|e| e.to_string())?;
         let old = self.current.load_full();
-        if config.server.listen != old.config.server.listen || config.admin.listen != old.config.admin.listen {
+        if config.server.listen != old.config.server.listen
+            || config.admin.listen != old.config.admin.listen
+        {
             log::warn!("listener addresses changed: they take effect on restart, not reload");
         }
-        let gateway = Gateway::build(config, Some(&old), self.clock.clone(), self.metrics.clone()).await?;
+        let gateway =
+            Gateway::build(config, Some(&old), self.clock.clone(), self.metrics.clone()).await?;
         self.current.store(Arc::new(gateway));
         Ok(())
     }

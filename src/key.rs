@@ -28,7 +28,11 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, header: &str, trusted: &[IpN
     }
     let mut candidate = peer;
     // Several header lines count as one list, in order.
-    let values: Vec<&[u8]> = headers.get_all(header).iter().map(|v| v.as_bytes()).collect();
+    let values: Vec<&[u8]> = headers
+        .get_all(header)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
     for value in values.iter().rev() {
         let Ok(text) = std::str::from_utf8(value) else {
             return candidate;
@@ -101,7 +105,9 @@ pub fn key_value(parts: &[KeyPart], req: &RequestFacts) -> Option<Vec<u8>> {
                     out.extend_from_slice(v.as_bytes());
                 }
             }
-            KeyPart::Query(name) => out.extend_from_slice(query_param(req.query?, name)?.as_bytes()),
+            KeyPart::Query(name) => {
+                out.extend_from_slice(query_param(req.query?, name)?.as_bytes())
+            }
             KeyPart::Cookie(name) => out.extend_from_slice(cookie(req.headers, name)?),
             KeyPart::Path => out.extend_from_slice(req.path.as_bytes()),
             KeyPart::Method => out.extend_from_slice(req.method.as_bytes()),
@@ -121,13 +127,16 @@ fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
 }
 
 fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
-    headers.get_all(http::header::COOKIE).iter().find_map(|line| {
-        line.as_bytes().split(|b| *b == b';').find_map(|pair| {
-            let pair = pair.trim_ascii();
-            let eq = pair.iter().position(|b| *b == b'=')?;
-            (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .find_map(|line| {
+            line.as_bytes().split(|b| *b == b';').find_map(|pair| {
+                let pair = pair.trim_ascii();
+                let eq = pair.iter().position(|b| *b == b'=')?;
+                (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
+            })
         })
-    })
 }
 
 /// A fixed-length, hex hash of a key value: long or binary values never reach storage.
@@ -154,7 +163,10 @@ mod tests {
     fn xff(values: &[&str]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for v in values {
-            h.append("x-forwarded-for", HeaderValue::from_str(v).expect("test header"));
+            h.append(
+                "x-forwarded-for",
+                HeaderValue::from_str(v).expect("test header"),
+            );
         }
         h
     }
@@ -166,19 +178,39 @@ mod tests {
     #[test]
     fn untrusted_peer_header_is_ignored() {
         let h = xff(&["1.1.1.1"]);
-        assert_eq!(client_ip(ip("9.9.9.9"), &h, "x-forwarded-for", &nets(&["10.0.0.0/8"])), ip("9.9.9.9"));
+        assert_eq!(
+            client_ip(ip("9.9.9.9"), &h, "x-forwarded-for", &nets(&["10.0.0.0/8"])),
+            ip("9.9.9.9")
+        );
     }
 
     #[test]
     fn right_most_untrusted_address_wins() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = xff(&["6.6.6.6, 2.2.2.2, 10.0.0.5"]);
-        assert_eq!(client_ip(ip("10.0.0.1"), &h, "x-forwarded-for", &trusted), ip("2.2.2.2"));
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &h, "x-forwarded-for", &trusted),
+            ip("2.2.2.2")
+        );
         let h = xff(&["6.6.6.6", "2.2.2.2"]);
-        assert_eq!(client_ip(ip("10.0.0.1"), &h, "x-forwarded-for", &trusted), ip("2.2.2.2"));
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &h, "x-forwarded-for", &trusted),
+            ip("2.2.2.2")
+        );
         let h = xff(&["garbage, 10.0.0.7"]);
-        assert_eq!(client_ip(ip("10.0.0.1"), &h, "x-forwarded-for", &trusted), ip("10.0.0.7"));
-        assert_eq!(client_ip(ip("10.0.0.1"), &HeaderMap::new(), "x-forwarded-for", &trusted), ip("10.0.0.1"));
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &h, "x-forwarded-for", &trusted),
+            ip("10.0.0.7")
+        );
+        assert_eq!(
+            client_ip(
+                ip("10.0.0.1"),
+                &HeaderMap::new(),
+                "x-forwarded-for",
+                &trusted
+            ),
+            ip("10.0.0.1")
+        );
     }
 
     #[test]
@@ -195,14 +227,24 @@ mod tests {
             headers: &headers,
             route: "api",
         };
-        let one = |p: KeyPart| key_value(&[p], &req).map(|v| String::from_utf8_lossy(&v).into_owned());
-        assert_eq!(one(KeyPart::ClientNet(64)).as_deref(), Some("2001:db8:1:2::/64"));
-        assert_eq!(one(KeyPart::Header("x-api-key".into())).as_deref(), Some("k1"));
+        let one =
+            |p: KeyPart| key_value(&[p], &req).map(|v| String::from_utf8_lossy(&v).into_owned());
+        assert_eq!(
+            one(KeyPart::ClientNet(64)).as_deref(),
+            Some("2001:db8:1:2::/64")
+        );
+        assert_eq!(
+            one(KeyPart::Header("x-api-key".into())).as_deref(),
+            Some("k1")
+        );
         assert_eq!(one(KeyPart::Header("x-missing".into())), None);
         assert_eq!(one(KeyPart::Query("user".into())).as_deref(), Some("u7"));
         assert_eq!(one(KeyPart::Query("x".into())).as_deref(), Some(""));
         assert_eq!(one(KeyPart::Query("y".into())), None);
-        assert_eq!(one(KeyPart::Cookie("session".into())).as_deref(), Some("s9"));
+        assert_eq!(
+            one(KeyPart::Cookie("session".into())).as_deref(),
+            Some("s9")
+        );
         assert_eq!(one(KeyPart::Cookie("sess".into())), None);
         assert_eq!(key_value(&[], &req), Some(Vec::new()));
         assert_eq!(hash(b"x").len(), 32);

@@ -22,7 +22,10 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run { config: path } => {
-            env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,sluice=info")).init();
+            env_logger::Builder::from_env(
+                env_logger::Env::default().default_filter_or("warn,sluice=info"),
+            )
+            .init();
             match sluice::server::run(path, config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

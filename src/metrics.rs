@@ -1,8 +1,8 @@
 //! Every metric family of DESIGN §5, registered once in one registry.
 
 use prometheus::{
-    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -21,13 +21,24 @@ pub struct Metrics {
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter definition");
-    registry.register(Box::new(c.clone())).expect("unique metric name");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric name");
     c
 }
 
-fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: Vec<f64>) -> HistogramVec {
-    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels).expect("valid histogram");
-    registry.register(Box::new(h.clone())).expect("unique metric name");
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: Vec<f64>,
+) -> HistogramVec {
+    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .expect("valid histogram");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("unique metric name");
     h
 }
 
@@ -38,17 +49,32 @@ impl Metrics {
         let request_buckets = exponential_buckets(0.0001, 2.5, 14).expect("valid buckets");
         let limiter_buckets = exponential_buckets(0.00005, 2.0, 12).expect("valid buckets");
         let up = IntGaugeVec::new(
-            Opts::new("sluice_backend_up", "1 when the limiter backend answered its last call"),
+            Opts::new(
+                "sluice_backend_up",
+                "1 when the limiter backend answered its last call",
+            ),
             &["backend"],
         )
         .expect("valid gauge");
-        r.register(Box::new(up.clone())).expect("unique metric name");
-        let build = GaugeVec::new(Opts::new("sluice_build_info", "sluice version"), &["version"])
-            .expect("valid gauge");
-        r.register(Box::new(build.clone())).expect("unique metric name");
-        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1.0);
+        r.register(Box::new(up.clone()))
+            .expect("unique metric name");
+        let build = GaugeVec::new(
+            Opts::new("sluice_build_info", "sluice version"),
+            &["version"],
+        )
+        .expect("valid gauge");
+        r.register(Box::new(build.clone()))
+            .expect("unique metric name");
+        build
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1.0);
         Metrics {
-            http_requests: counter(&r, "sluice_http_requests_total", "HTTP requests answered", &["route", "status"]),
+            http_requests: counter(
+                &r,
+                "sluice_http_requests_total",
+                "HTTP requests answered",
+                &["route", "status"],
+            ),
             http_duration: histogram(
                 &r,
                 "sluice_http_request_duration_seconds",
@@ -89,7 +115,12 @@ impl Metrics {
                 &["upstream"],
                 request_buckets,
             ),
-            config_reloads: counter(&r, "sluice_config_reloads_total", "Config reloads", &["result"]),
+            config_reloads: counter(
+                &r,
+                "sluice_config_reloads_total",
+                "Config reloads",
+                &["result"],
+            ),
             build_info: build,
             registry: r,
         }

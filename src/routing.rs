@@ -69,7 +69,9 @@ name = "exact"
 path = "/hello"
 respond = { status = 200 }
 "#;
-        config::parse("t.toml", text).expect("valid test config").routes
+        config::parse("t.toml", text)
+            .expect("valid test config")
+            .routes
     }
 
     #[test]

@@ -31,7 +31,12 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let clock = Arc::new(SystemClock);
     let gateway = io
-        .block_on(Gateway::build(config.clone(), None, clock.clone(), metrics.clone()))
+        .block_on(Gateway::build(
+            config.clone(),
+            None,
+            clock.clone(),
+            metrics.clone(),
+        ))
         .map_err(anyhow::Error::msg)?;
     let app = Arc::new(App {
         current: ArcSwap::from_pointee(gateway),
@@ -58,7 +63,11 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(&server.configuration, Proxy { app: app.clone() }, "proxy");
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Proxy { app: app.clone() },
+        "proxy",
+    );
     for addr in &config.server.listen {
         proxy.add_tcp(&addr.to_string());
     }
@@ -90,7 +99,10 @@ struct Drain {
 #[async_trait]
 impl ShutdownSignalWatch for Drain {
     async fn recv(&self) -> ShutdownSignal {
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
             log::error!("cannot watch SIGTERM/SIGINT; stopping");
             return ShutdownSignal::FastShutdown;
         };
@@ -98,7 +110,10 @@ impl ShutdownSignalWatch for Drain {
             _ = term.recv() => {},
             _ = int.recv() => {},
         }
-        log::info!("shutting down: draining in-flight requests (at most {:?})", self.grace);
+        log::info!(
+            "shutting down: draining in-flight requests (at most {:?})",
+            self.grace
+        );
         let app = self.app.clone();
         let deadline = Instant::now() + self.grace;
         std::thread::spawn(move || {

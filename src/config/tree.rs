@@ -38,8 +38,16 @@ impl Node {
 /// Parses TOML text into the spanned tree; a syntax error comes back with its byte offset.
 pub fn parse(text: &str) -> Result<Spanned<Node>, (usize, String)> {
     let doc = toml_edit::Document::parse(text.to_owned()).map_err(|e| {
-        let at = e.span().map(|s| s.start).unwrap_or(0);
-        (at, e.message().trim().to_owned())
+        let span = e.span().unwrap_or(0..0);
+        let message = e.message().trim().to_owned();
+        // Name the key: `[policies.a]` twice says only "duplicate key".
+        let message = match text.get(span.clone()) {
+            Some(key) if message == "duplicate key" && !key.is_empty() => {
+                format!("duplicate key `{key}`")
+            }
+            _ => message,
+        };
+        (span.start, message)
     })?;
     Ok(Spanned {
         value: table(doc.as_table()),

@@ -73,8 +73,10 @@ impl<'a> Table<'a> {
     fn required(&self, key: &str) -> Option<&'a Spanned<Node>> {
         let found = self.get(key);
         if found.is_none() {
-            self.p
-                .at(&self.span, format!("missing required key `{key}` in {}", self.name));
+            self.p.at(
+                &self.span,
+                format!("missing required key `{key}` in {}", self.name),
+            );
         }
         found
     }
@@ -84,8 +86,10 @@ impl<'a> Table<'a> {
         let used = self.used.borrow();
         for ((key, _), used) in self.entries.iter().zip(used.iter()) {
             if !used {
-                self.p
-                    .at(&key.span, format!("unknown key `{}` in {}", key.value, self.name));
+                self.p.at(
+                    &key.span,
+                    format!("unknown key `{}` in {}", key.value, self.name),
+                );
             }
         }
     }
@@ -131,14 +135,13 @@ impl<'a> Table<'a> {
                 span: node.span.clone(),
             }),
             Node::Int(i) => {
-                self.p.at(
-                    &node.span,
-                    format!(
-                        "`{key}` must be between {} and {}, found {i}",
-                        range.start(),
-                        range.end()
-                    ),
-                );
+                let expected = if *range.end() == i64::MAX {
+                    format!("at least {}", range.start())
+                } else {
+                    format!("between {} and {}", range.start(), range.end())
+                };
+                self.p
+                    .at(&node.span, format!("`{key}` must be {expected}, found {i}"));
                 None
             }
             _ => {
@@ -305,7 +308,10 @@ fn socket_addr(p: &Problems, s: &Spanned<String>, key: &str) -> Option<SocketAdd
     if parsed.is_none() {
         p.at(
             &s.span,
-            format!("`{key}`: bad address \"{}\" (expected IP:PORT, e.g. \"127.0.0.1:8080\")", s.value),
+            format!(
+                "`{key}`: bad address \"{}\" (expected IP:PORT, e.g. \"127.0.0.1:8080\")",
+                s.value
+            ),
         );
     }
     parsed
@@ -313,16 +319,15 @@ fn socket_addr(p: &Problems, s: &Spanned<String>, key: &str) -> Option<SocketAdd
 
 fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
     let t = Table::new(p, "[server]", node)?;
-    let listen: Vec<SocketAddr> = t
-        .required("listen")
-        .and_then(|_| t.strings("listen"))
+    let given = t.required("listen").and_then(|_| t.strings("listen"));
+    if given.as_ref().is_some_and(Vec::is_empty) {
+        p.at(&t.key_span("listen"), "`listen` needs at least one address");
+    }
+    let listen: Vec<SocketAddr> = given
         .unwrap_or_default()
         .iter()
         .filter_map(|s| socket_addr(p, s, "listen"))
         .collect();
-    if listen.is_empty() && t.get("listen").is_some() {
-        p.at(&t.key_span("listen"), "`listen` needs at least one address");
-    }
     let threads = t
         .int("threads", 1..=1024)
         .map(|n| n.value as usize)
@@ -334,20 +339,31 @@ fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
     let client_ip_header = t
         .choice(
             "client_ip_header",
-            &[("x-forwarded-for", "x-forwarded-for"), ("x-real-ip", "x-real-ip")],
+            &[
+                ("x-forwarded-for", "x-forwarded-for"),
+                ("x-real-ip", "x-real-ip"),
+            ],
         )
         .unwrap_or("x-forwarded-for")
         .to_owned();
     let access_log = t
         .choice(
             "access_log",
-            &[("json", AccessLog::Json), ("text", AccessLog::Text), ("off", AccessLog::Off)],
+            &[
+                ("json", AccessLog::Json),
+                ("text", AccessLog::Text),
+                ("off", AccessLog::Off),
+            ],
         )
         .unwrap_or(AccessLog::Json);
     let headers = t
         .choice(
             "headers",
-            &[("ietf", HeaderStyle::Ietf), ("legacy", HeaderStyle::Legacy), ("off", HeaderStyle::Off)],
+            &[
+                ("ietf", HeaderStyle::Ietf),
+                ("legacy", HeaderStyle::Legacy),
+                ("off", HeaderStyle::Off),
+            ],
         )
         .unwrap_or(HeaderStyle::Ietf);
     t.finish();
@@ -390,27 +406,52 @@ fn limiter(p: &Problems, node: &Spanned<Node>) -> Option<Limiter> {
         .choice("backend", &[("memory", false), ("redis", true)])
         .unwrap_or(false);
     let url = t.string("url").and_then(|s| redis_url(p, &s, "url"));
-    let cluster: Option<Vec<String>> = t
-        .strings("cluster")
-        .map(|v| v.iter().filter_map(|s| redis_url(p, s, "cluster")).collect());
+    let cluster: Option<Vec<String>> = t.strings("cluster").map(|v| {
+        v.iter()
+            .filter_map(|s| redis_url(p, s, "cluster"))
+            .collect()
+    });
     let sentinel = t.get("sentinel").and_then(|n| sentinel(p, n));
-    let given: Vec<&str> = [("url", url.is_some()), ("cluster", cluster.is_some()), ("sentinel", sentinel.is_some())]
-        .iter()
-        .filter(|(_, present)| *present)
-        .map(|(k, _)| *k)
-        .collect();
+    let given: Vec<&str> = [
+        ("url", url.is_some()),
+        ("cluster", cluster.is_some()),
+        ("sentinel", sentinel.is_some()),
+    ]
+    .iter()
+    .filter(|(_, present)| *present)
+    .map(|(k, _)| *k)
+    .collect();
     let backend = if kind {
         match (url, cluster, sentinel) {
             (Some(url), None, None) => Backend::Redis(url),
             (None, Some(seeds), None) if !seeds.is_empty() => Backend::Cluster(seeds),
             (None, None, Some((master, nodes))) => Backend::Sentinel { master, nodes },
             _ if given.len() > 1 => {
-                p.at(&t.key_span(given[1]), "backend = \"redis\" takes only one of `url`, `cluster` and `sentinel`");
+                p.at(
+                    &t.key_span(given[1]),
+                    "backend = \"redis\" takes only one of `url`, `cluster` and `sentinel`",
+                );
+                Backend::Memory
+            }
+            // A bad `url`, `cluster` or `sentinel` was reported already.
+            _ if t
+                .get("url")
+                .or(t.get("cluster"))
+                .or(t.get("sentinel"))
+                .is_some() =>
+            {
                 Backend::Memory
             }
             _ => {
-                let at = if t.get("backend").is_some() { t.key_span("backend") } else { t.span.clone() };
-                p.at(&at, "backend = \"redis\" needs `url`, `cluster` or `sentinel`");
+                let at = if t.get("backend").is_some() {
+                    t.key_span("backend")
+                } else {
+                    t.span.clone()
+                };
+                p.at(
+                    &at,
+                    "backend = \"redis\" needs `url`, `cluster` or `sentinel`",
+                );
                 Backend::Memory
             }
         }
@@ -421,9 +462,14 @@ fn limiter(p: &Problems, node: &Spanned<Node>) -> Option<Limiter> {
     if timeout.is_zero() {
         p.at(&t.key_span("timeout"), "`timeout` must be at least 1ms");
     }
-    let key_prefix = t.string("key_prefix").map_or(defaults.key_prefix, |s| s.value);
+    let key_prefix = t
+        .string("key_prefix")
+        .map_or(defaults.key_prefix, |s| s.value);
     let clock = t
-        .choice("clock", &[("redis", ClockSource::Redis), ("local", ClockSource::Local)])
+        .choice(
+            "clock",
+            &[("redis", ClockSource::Redis), ("local", ClockSource::Local)],
+        )
         .unwrap_or(defaults.clock);
     let on_error = on_error(&t).unwrap_or(defaults.on_error);
     let deny_cache = t
@@ -447,7 +493,11 @@ fn limiter(p: &Problems, node: &Spanned<Node>) -> Option<Limiter> {
 fn on_error(t: &Table) -> Option<OnError> {
     t.choice(
         "on_error",
-        &[("allow", OnError::Allow), ("deny", OnError::Deny), ("local", OnError::Local)],
+        &[
+            ("allow", OnError::Allow),
+            ("deny", OnError::Deny),
+            ("local", OnError::Local),
+        ],
     )
 }
 
@@ -501,25 +551,42 @@ fn upstream(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Optio
                 !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
             });
             if !ok {
-                p.at(&s.span, format!("`servers`: bad server \"{}\" (expected HOST:PORT)", s.value));
+                p.at(
+                    &s.span,
+                    format!("`servers`: bad server \"{}\" (expected HOST:PORT)", s.value),
+                );
             }
             ok.then_some(s.value)
         })
         .collect();
     if servers.is_empty() && t.get("servers").is_some() {
-        p.at(&t.key_span("servers"), "`servers` needs at least one HOST:PORT");
+        p.at(
+            &t.key_span("servers"),
+            "`servers` needs at least one HOST:PORT",
+        );
     }
     let balance = t
         .choice(
             "balance",
-            &[("round_robin", Balance::RoundRobin), ("random", Balance::Random), ("hash", Balance::Hash)],
+            &[
+                ("round_robin", Balance::RoundRobin),
+                ("random", Balance::Random),
+                ("hash", Balance::Hash),
+            ],
         )
         .unwrap_or(Balance::RoundRobin);
     let tls = t.bool("tls").unwrap_or(false);
     let sni = t.string("sni").map(|s| s.value).unwrap_or_default();
-    let connect_timeout = t.duration("connect_timeout").map_or(Duration::from_secs(2), |d| d.value);
-    let read_timeout = t.duration("read_timeout").map_or(Duration::from_secs(30), |d| d.value);
-    for (key, d) in [("connect_timeout", connect_timeout), ("read_timeout", read_timeout)] {
+    let connect_timeout = t
+        .duration("connect_timeout")
+        .map_or(Duration::from_secs(2), |d| d.value);
+    let read_timeout = t
+        .duration("read_timeout")
+        .map_or(Duration::from_secs(30), |d| d.value);
+    for (key, d) in [
+        ("connect_timeout", connect_timeout),
+        ("read_timeout", read_timeout),
+    ] {
         if d.is_zero() {
             p.at(&t.key_span(key), format!("`{key}` must be at least 1ms"));
         }
@@ -589,17 +656,27 @@ fn key_part(p: &Problems, s: &Spanned<String>) -> Option<KeyPart> {
 fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<Policy> {
     check_name(p, name, "policy");
     let t = Table::new(p, &format!("[policies.{}]", name.value), node)?;
-    let algorithms: Vec<(&str, Algorithm)> = Algorithm::ALL.iter().map(|a| (a.name(), *a)).collect();
-    let algorithm = t.required("algorithm").and_then(|_| t.choice("algorithm", &algorithms));
-    let limit = t.required("limit").and_then(|_| t.int("limit", 1..=i64::MAX));
+    let algorithms: Vec<(&str, Algorithm)> =
+        Algorithm::ALL.iter().map(|a| (a.name(), *a)).collect();
+    let algorithm = t
+        .required("algorithm")
+        .and_then(|_| t.choice("algorithm", &algorithms));
+    let limit = t
+        .required("limit")
+        .and_then(|_| t.int("limit", 1..=i64::MAX));
     let period = match algorithm {
-        Some(Algorithm::Concurrency) => t.duration("period").map_or(Duration::from_secs(1), |d| d.value),
-        _ => t.required("period").and_then(|_| t.duration("period")).map_or(Duration::from_secs(1), |d| {
-            if d.value < Duration::from_millis(1) {
-                p.at(&d.span, "`period` must be at least 1ms");
-            }
-            d.value
-        }),
+        Some(Algorithm::Concurrency) => t
+            .duration("period")
+            .map_or(Duration::from_secs(1), |d| d.value),
+        _ => t
+            .required("period")
+            .and_then(|_| t.duration("period"))
+            .map_or(Duration::from_secs(1), |d| {
+                if d.value < Duration::from_millis(1) {
+                    p.at(&d.span, "`period` must be at least 1ms");
+                }
+                d.value
+            }),
     };
     let burst = t.int("burst", 1..=i64::MAX);
     let key: Vec<KeyPart> = t
@@ -611,24 +688,40 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
         .collect();
     let cost = t.int("cost", 0..=i64::MAX).map_or(1, |n| n.value as u64);
     let mode = t
-        .choice("mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])
+        .choice(
+            "mode",
+            &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)],
+        )
         .unwrap_or(Mode::Enforce);
-    let on_exceed = t.choice("on_exceed", &[("reject", false), ("delay", true)]).unwrap_or(false);
+    let on_exceed = t
+        .choice("on_exceed", &[("reject", false), ("delay", true)])
+        .unwrap_or(false);
     let max_delay = t.duration("max_delay").map_or(Duration::ZERO, |d| d.value);
     let status = t.int("status", 400..=599).map_or(429, |n| n.value as u16);
     let on_missing = t
         .choice(
             "on_missing",
-            &[("skip", OnMissing::Skip), ("deny", OnMissing::Deny), ("shared", OnMissing::Shared)],
+            &[
+                ("skip", OnMissing::Skip),
+                ("deny", OnMissing::Deny),
+                ("shared", OnMissing::Shared),
+            ],
         )
         .unwrap_or(OnMissing::Skip);
     let exempt = t.cidrs("exempt");
     let on_error = on_error(&t);
-    let lease = t.duration("lease").map_or(Duration::from_secs(60), |d| d.value);
+    let lease = t
+        .duration("lease")
+        .map_or(Duration::from_secs(60), |d| d.value);
     if lease < Duration::from_millis(1) {
         p.at(&t.key_span("lease"), "`lease` must be at least 1ms");
     }
-    if on_exceed && !matches!(algorithm, Some(Algorithm::TokenBucket | Algorithm::Gcra) | None) {
+    if on_exceed
+        && !matches!(
+            algorithm,
+            Some(Algorithm::TokenBucket | Algorithm::Gcra) | None
+        )
+    {
         p.at(
             &t.key_span("on_exceed"),
             "on_exceed = \"delay\" works with token_bucket and gcra only (leaky_bucket always delays)",
@@ -640,8 +733,13 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
     // in milliseconds to stay below 2^53.
     let period_ms = period.as_millis();
     for (key, n) in [("limit", limit), ("burst", burst), ("cost", Some(cost))] {
-        if n.is_some_and(|n| algorithm != Some(Algorithm::Concurrency) && n as u128 * period_ms >= EXACT_LIMIT) {
-            p.at(&t.key_span(key), format!("`{key}` times `period` in ms must stay below 2^53"));
+        if n.is_some_and(|n| {
+            algorithm != Some(Algorithm::Concurrency) && n as u128 * period_ms >= EXACT_LIMIT
+        }) {
+            p.at(
+                &t.key_span(key),
+                format!("`{key}` times `period` in ms must stay below 2^53"),
+            );
         }
     }
     t.finish();
@@ -663,18 +761,34 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
     })
 }
 
-fn routes(p: &Problems, node: &Spanned<Node>, upstreams: &[Upstream], policies: &[Policy]) -> Vec<Route> {
+fn routes(
+    p: &Problems,
+    node: &Spanned<Node>,
+    upstreams: &[Upstream],
+    policies: &[Policy],
+) -> Vec<Route> {
     let Node::Array(items) = &node.value else {
-        p.at(&node.span, format!("`routes` must be an array of tables ([[routes]]), found {}", node.value.kind()));
+        p.at(
+            &node.span,
+            format!(
+                "`routes` must be an array of tables ([[routes]]), found {}",
+                node.value.kind()
+            ),
+        );
         return Vec::new();
     };
     let mut seen: HashMap<String, ()> = HashMap::new();
     let mut out = Vec::new();
     for item in items {
-        let Some(t) = Table::new(p, "[[routes]]", item) else { continue };
+        let Some(t) = Table::new(p, "[[routes]]", item) else {
+            continue;
+        };
         if let Some(route) = route(p, &t, upstreams, policies) {
             if seen.insert(route.name.clone(), ()).is_some() || route.name == "unmatched" {
-                p.at(&t.key_span("name"), format!("duplicate route name \"{}\"", route.name));
+                p.at(
+                    &t.key_span("name"),
+                    format!("duplicate route name \"{}\"", route.name),
+                );
             }
             out.push(route);
         }
@@ -695,9 +809,17 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
         .map(|h| {
             let host = h.value.to_ascii_lowercase();
             match host.strip_prefix('*') {
-                Some(suffix) if suffix.starts_with('.') && suffix.len() > 1 => HostMatch::Suffix(suffix.to_owned()),
+                Some(suffix) if suffix.starts_with('.') && suffix.len() > 1 => {
+                    HostMatch::Suffix(suffix.to_owned())
+                }
                 Some(_) => {
-                    p.at(&h.span, format!("`hosts`: bad wildcard \"{}\" (expected \"*.example.org\")", h.value));
+                    p.at(
+                        &h.span,
+                        format!(
+                            "`hosts`: bad wildcard \"{}\" (expected \"*.example.org\")",
+                            h.value
+                        ),
+                    );
                     HostMatch::Exact(host)
                 }
                 None => HostMatch::Exact(host),
@@ -709,7 +831,10 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
         .filter_map(|k| t.string(k).map(|s| (*k, s)))
         .collect();
     if matchers.len() > 1 {
-        p.at(&t.key_span(matchers[1].0), "a route takes only one of `path`, `path_prefix` and `path_regex`");
+        p.at(
+            &t.key_span(matchers[1].0),
+            "a route takes only one of `path`, `path_prefix` and `path_regex`",
+        );
     }
     let path = match matchers.first() {
         None => PathMatch::Any,
@@ -718,7 +843,13 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
         Some((_, s)) => match Regex::new(&s.value) {
             Ok(re) => PathMatch::Regex(re),
             Err(e) => {
-                let first = e.to_string().lines().last().unwrap_or_default().trim().to_owned();
+                let first = e
+                    .to_string()
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned();
                 p.at(&s.span, format!("`path_regex`: bad regex: {first}"));
                 PathMatch::Any
             }
@@ -737,7 +868,13 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
         .filter_map(|m| {
             let ok = !m.value.is_empty() && m.value.bytes().all(|b| b.is_ascii_uppercase());
             if !ok {
-                p.at(&m.span, format!("`methods`: bad method \"{}\" (expected upper case, e.g. \"GET\")", m.value));
+                p.at(
+                    &m.span,
+                    format!(
+                        "`methods`: bad method \"{}\" (expected upper case, e.g. \"GET\")",
+                        m.value
+                    ),
+                );
             }
             ok.then_some(m.value)
         })
@@ -754,11 +891,17 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
         },
         (None, Some(node)) => respond_target(p, node),
         (Some(_), Some(_)) => {
-            p.at(&t.key_span("respond"), "a route takes exactly one of `upstream` and `respond`, not both");
+            p.at(
+                &t.key_span("respond"),
+                "a route takes exactly one of `upstream` and `respond`, not both",
+            );
             None
         }
         (None, None) => {
-            p.at(&t.span, "a route needs exactly one of `upstream` and `respond`");
+            p.at(
+                &t.span,
+                "a route needs exactly one of `upstream` and `respond`",
+            );
             None
         }
     };
@@ -787,9 +930,18 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
 /// Names appear in metric labels and Redis keys: keep them plain.
 fn check_name(p: &Problems, name: &Spanned<String>, what: &str) {
     let ok = !name.value.is_empty()
-        && name.value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+        && name
+            .value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
     if !ok {
-        p.at(&name.span, format!("bad {what} name \"{}\" (use letters, digits, '_', '-', '.')", name.value));
+        p.at(
+            &name.span,
+            format!(
+                "bad {what} name \"{}\" (use letters, digits, '_', '-', '.')",
+                name.value
+            ),
+        );
     }
 }
 
@@ -820,7 +972,16 @@ mod tests {
         assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
         assert_eq!(parse_duration("1d"), Some(Duration::from_secs(86400)));
         assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
-        for bad in ["", "1", "s", "1.5s", "-1s", "1 s", "1sec", "99999999999999999999d"] {
+        for bad in [
+            "",
+            "1",
+            "s",
+            "1.5s",
+            "-1s",
+            "1 s",
+            "1sec",
+            "99999999999999999999d",
+        ] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
     }

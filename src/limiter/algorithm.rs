@@ -47,7 +47,10 @@ pub enum State {
     /// sliding_window: the current window's start, the previous and current counts.
     Sliding { start: u64, prev: u64, curr: u64 },
     /// sliding_log: (time, cost) of each admitted request, oldest first, and their sum.
-    Log { entries: VecDeque<(u64, u64)>, total: u64 },
+    Log {
+        entries: VecDeque<(u64, u64)>,
+        total: u64,
+    },
     /// token_bucket: tokens × period (negative when booked ahead) at time `last`.
     Bucket { scaled: i128, last: u64 },
     /// gcra: theoretical arrival time; leaky_bucket: next free slot. `ms + frac/limit`.
@@ -106,7 +109,13 @@ fn fixed_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Ver
         retry_after_ms: if allowed { 0 } else { reset_ms },
         wait_ms: 0,
     };
-    (verdict, State::Window { start, count: after })
+    (
+        verdict,
+        State::Window {
+            start,
+            count: after,
+        },
+    )
 }
 
 fn sliding_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
@@ -114,7 +123,11 @@ fn sliding_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (V
     let limit = rule.limit as u128;
     let start = now - now % rule.period_ms;
     let (prev, curr) = match state {
-        Some(State::Sliding { start: s, prev, curr }) if *s == start => (*prev, *curr),
+        Some(State::Sliding {
+            start: s,
+            prev,
+            curr,
+        }) if *s == start => (*prev, *curr),
         Some(State::Sliding { start: s, curr, .. }) if *s + rule.period_ms == start => (*curr, 0),
         _ => (0, 0),
     };
@@ -146,7 +159,14 @@ fn sliding_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (V
         retry_after_ms,
         wait_ms: 0,
     };
-    (verdict, State::Sliding { start, prev, curr: curr_after })
+    (
+        verdict,
+        State::Sliding {
+            start,
+            prev,
+            curr: curr_after,
+        },
+    )
 }
 
 /// The wait until a denied sliding_window request would fit, if nothing else arrives.
@@ -249,13 +269,25 @@ fn token_bucket(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Ver
         retry_after_ms: if allowed { 0 } else { wait },
         wait_ms: if allowed { wait } else { 0 },
     };
-    (verdict, State::Bucket { scaled: after, last: now.max(last) })
+    (
+        verdict,
+        State::Bucket {
+            scaled: after,
+            last: now.max(last),
+        },
+    )
 }
 
 /// gcra and leaky_bucket share the stored time `ms + frac/limit` and T = period/limit.
 /// gcra: allowed when max(tat, now) + cost·T − now ≤ burst·T.
 /// leaky_bucket: allowed when the wait max(slot, now) − now ≤ burst·T; it then waits.
-fn gcra(rule: &Rule, state: Option<&State>, now: u64, cost: u64, shaping: bool) -> (Verdict, State) {
+fn gcra(
+    rule: &Rule,
+    state: Option<&State>,
+    now: u64,
+    cost: u64,
+    shaping: bool,
+) -> (Verdict, State) {
     let limit = rule.limit as u128;
     let p = rule.period_ms as u128;
     let tolerance = rule.burst as u128 * p;
@@ -273,7 +305,11 @@ fn gcra(rule: &Rule, state: Option<&State>, now: u64, cost: u64, shaping: bool) 
         frac: (new_ahead % limit) as u64,
     };
     let (allowed, wait, over) = if shaping {
-        (ahead <= tolerance, ceil_div(ahead, limit), ceil_div(ahead.saturating_sub(tolerance), limit))
+        (
+            ahead <= tolerance,
+            ceil_div(ahead, limit),
+            ceil_div(ahead.saturating_sub(tolerance), limit),
+        )
     } else {
         let over = ceil_div(new_ahead.saturating_sub(tolerance), limit);
         match rule.max_delay_ms {
@@ -284,7 +320,11 @@ fn gcra(rule: &Rule, state: Option<&State>, now: u64, cost: u64, shaping: bool) 
     let after = if allowed { new_ahead } else { ahead };
     let remaining = if shaping {
         // Requests that could still join the queue now.
-        if after <= tolerance { (tolerance - after) / p + 1 } else { 0 }
+        if after <= tolerance {
+            (tolerance - after) / p + 1
+        } else {
+            0
+        }
     } else {
         tolerance.saturating_sub(after) / p
     };
@@ -298,7 +338,10 @@ fn gcra(rule: &Rule, state: Option<&State>, now: u64, cost: u64, shaping: bool) 
     let state = if allowed {
         new_state
     } else {
-        State::Tat { ms: base_ms, frac: base_frac as u64 }
+        State::Tat {
+            ms: base_ms,
+            frac: base_frac as u64,
+        }
     };
     (verdict, state)
 }
@@ -432,10 +475,16 @@ mod tests {
         let v = b.hit(T0 + 999, 1);
         assert!(!v.allowed);
         assert_eq!(v.retry_after_ms, 1);
-        assert!(b.hit(T0 + 1_000, 1).allowed, "the first entry left (now − period, now]");
+        assert!(
+            b.hit(T0 + 1_000, 1).allowed,
+            "the first entry left (now − period, now]"
+        );
         assert!(!b.hit(T0 + 1_050, 1).allowed);
         let v = b.hit(T0 + 1_050, 2);
-        assert_eq!(v.retry_after_ms, 150, "two units must age out: T0+100 and T0+200");
+        assert_eq!(
+            v.retry_after_ms, 150,
+            "two units must age out: T0+100 and T0+200"
+        );
         assert!(b.hit(T0 + 1_100, 1).allowed);
     }
 
@@ -469,15 +518,26 @@ mod tests {
     #[test]
     fn gcra_matches_token_bucket_on_the_same_sequence() {
         let mut seed = 42u64;
-        for (limit, period, burst) in [(10, 1_000, 10), (3, 1_000, 5), (7, 60_000, 2), (1000, 1, 1000)] {
+        for (limit, period, burst) in [
+            (10, 1_000, 10),
+            (3, 1_000, 5),
+            (7, 60_000, 2),
+            (1000, 1, 1000),
+        ] {
             let mut tb = Bucket::new(rule(Algorithm::TokenBucket, limit, period, burst));
             let mut gc = Bucket::new(rule(Algorithm::Gcra, limit, period, burst));
             let mut now = T0;
             for _ in 0..5_000 {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 now += (seed >> 33) % (period / 2 + 1);
                 let cost = 1 + (seed >> 20) % 3;
-                assert_eq!(tb.hit(now, cost), gc.hit(now, cost), "limit {limit} period {period} at {now}");
+                assert_eq!(
+                    tb.hit(now, cost),
+                    gc.hit(now, cost),
+                    "limit {limit} period {period} at {now}"
+                );
             }
         }
     }
@@ -491,7 +551,11 @@ mod tests {
         assert_eq!(b.hit(T0, 7).remaining, 0);
         let v = b.hit(T0, 1000);
         assert!(!v.allowed);
-        assert!((99_000..=101_000).contains(&v.retry_after_ms), "{}", v.retry_after_ms);
+        assert!(
+            (99_000..=101_000).contains(&v.retry_after_ms),
+            "{}",
+            v.retry_after_ms
+        );
     }
 
     #[test]
@@ -530,7 +594,10 @@ mod tests {
         release(&mut s, 1);
         let (v, s) = acquire(&r, Some(&s), T0, 3);
         assert_eq!((v.allowed, v.remaining), (true, 0));
-        assert!(acquire(&r, Some(&s), T0 + 60_000, 4).0.allowed, "leases expire");
+        assert!(
+            acquire(&r, Some(&s), T0 + 60_000, 4).0.allowed,
+            "leases expire"
+        );
     }
 
     #[test]
@@ -547,8 +614,18 @@ mod tests {
             let (_, s) = decide(&r, None, T0 + 123, cost);
             let at = expires_at(&r, &s);
             assert!(at > T0 + 123);
-            assert_eq!(decide(&r, Some(&s), at, 1).0, decide(&r, None, at, 1).0, "{:?}", r.algorithm);
-            assert_ne!(decide(&r, Some(&s), at - 1, 1).0, decide(&r, None, at - 1, 1).0, "{:?}", r.algorithm);
+            assert_eq!(
+                decide(&r, Some(&s), at, 1).0,
+                decide(&r, None, at, 1).0,
+                "{:?}",
+                r.algorithm
+            );
+            assert_ne!(
+                decide(&r, Some(&s), at - 1, 1).0,
+                decide(&r, None, at - 1, 1).0,
+                "{:?}",
+                r.algorithm
+            );
         }
     }
 }

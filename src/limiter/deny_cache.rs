@@ -25,7 +25,9 @@ impl DenyCache {
 
     fn shard(&self, key: &str) -> &Mutex<HashMap<String, u64>> {
         // Keys carry a hex hash after the prefix; any byte spread is fine here.
-        let h = key.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        let h = key
+            .bytes()
+            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
         &self.shards[h % SHARDS]
     }
 
@@ -46,7 +48,12 @@ impl DenyCache {
         let mut shard = self.shard(key).lock();
         if shard.len() >= self.per_shard && !shard.contains_key(key) {
             // Full: forget the entry that frees soonest among a few.
-            if let Some(victim) = shard.iter().take(8).min_by_key(|(_, u)| **u).map(|(k, _)| k.clone()) {
+            if let Some(victim) = shard
+                .iter()
+                .take(8)
+                .min_by_key(|(_, u)| **u)
+                .map(|(k, _)| k.clone())
+            {
                 shard.remove(&victim);
             }
         }

@@ -86,7 +86,13 @@ impl MemoryBackend {
                     let state = std::mem::replace(state, State::Leases(Vec::new()));
                     let expires = algorithm::expires_at(&check.rule, &state);
                     let per_shard = self.per_shard;
-                    Self::guard(&mut guards, &check.key).insert(check.key.clone(), state, expires, now, per_shard);
+                    Self::guard(&mut guards, &check.key).insert(
+                        check.key.clone(),
+                        state,
+                        expires,
+                        now,
+                        per_shard,
+                    );
                 }
             }
         }
@@ -127,7 +133,11 @@ impl Shard {
             .take(EVICTION_SAMPLE)
             .map(|(k, e)| (k.clone(), e.expires))
             .collect();
-        let expired: Vec<&String> = sample.iter().filter(|(_, exp)| *exp <= now).map(|(k, _)| k).collect();
+        let expired: Vec<&String> = sample
+            .iter()
+            .filter(|(_, exp)| *exp <= now)
+            .map(|(k, _)| k)
+            .collect();
         if expired.is_empty() {
             if let Some((victim, _)) = sample.iter().min_by_key(|(_, exp)| *exp) {
                 self.map.remove(victim);

@@ -148,14 +148,21 @@ impl Limiter {
             (_, None) => Arc::new(redis::RedisBackend::connect(&settings).await?),
         };
         let policies_same = cfg.policies.len() == previous_policies.len()
-            && cfg.policies.iter().zip(previous_policies).all(|(a, b)| a.name == b.name && a.same_rule(b));
+            && cfg
+                .policies
+                .iter()
+                .zip(previous_policies)
+                .all(|(a, b)| a.name == b.name && a.same_rule(b));
         let deny_cache = match (&settings.backend, same) {
             (config::Backend::Memory, _) => None,
             _ if settings.deny_cache == 0 => None,
             (_, Some(p)) if policies_same => p.deny_cache.clone(),
             _ => Some(DenyCache::new(settings.deny_cache)),
         };
-        metrics.backend_up.with_label_values(&[backend.name()]).set(1);
+        metrics
+            .backend_up
+            .with_label_values(&[backend.name()])
+            .set(1);
         Ok(Limiter {
             settings,
             backend,
@@ -174,9 +181,12 @@ impl Limiter {
 
     /// Whether the backend answers within the decision timeout.
     pub async fn ready(&self) -> bool {
-        tokio::time::timeout(self.settings.timeout.max(Duration::from_millis(250)), self.backend.ping())
-            .await
-            .unwrap_or(false)
+        tokio::time::timeout(
+            self.settings.timeout.max(Duration::from_millis(250)),
+            self.backend.ping(),
+        )
+        .await
+        .unwrap_or(false)
     }
 
     fn storage_key(&self, policy: &Policy, value: &[u8]) -> String {
@@ -190,7 +200,13 @@ impl Limiter {
     }
 
     /// Decides one request against `policy_ids` (indexes into `policies`) of route `route`.
-    pub async fn decide(&self, route: &str, policies: &[Policy], policy_ids: &[usize], req: &RequestFacts<'_>) -> Outcome {
+    pub async fn decide(
+        &self,
+        route: &str,
+        policies: &[Policy],
+        policy_ids: &[usize],
+        req: &RequestFacts<'_>,
+    ) -> Outcome {
         let mut outcome = Outcome {
             policies: Vec::with_capacity(policy_ids.len()),
             denial: None,
@@ -207,19 +223,35 @@ impl Limiter {
         for &id in policy_ids {
             let policy = &policies[id];
             if policy.exempt.iter().any(|net| net.contains(&req.client_ip)) {
-                outcome.policies.push(PolicyOutcome { policy: id, decision: Decision::Exempt, verdict: None });
+                outcome.policies.push(PolicyOutcome {
+                    policy: id,
+                    decision: Decision::Exempt,
+                    verdict: None,
+                });
                 continue;
             }
             let value = match (key::key_value(&policy.key, req), policy.on_missing) {
                 (Some(v), _) => v,
                 (None, OnMissing::Skip) => {
-                    outcome.policies.push(PolicyOutcome { policy: id, decision: Decision::Skipped, verdict: None });
+                    outcome.policies.push(PolicyOutcome {
+                        policy: id,
+                        decision: Decision::Skipped,
+                        verdict: None,
+                    });
                     continue;
                 }
                 (None, OnMissing::Deny) => {
                     let shadow = policy.mode == Mode::Shadow;
-                    let decision = if shadow { Decision::ShadowRejected } else { Decision::Rejected };
-                    outcome.policies.push(PolicyOutcome { policy: id, decision, verdict: None });
+                    let decision = if shadow {
+                        Decision::ShadowRejected
+                    } else {
+                        Decision::Rejected
+                    };
+                    outcome.policies.push(PolicyOutcome {
+                        policy: id,
+                        decision,
+                        verdict: None,
+                    });
                     if !shadow {
                         violated.push(id);
                     }
@@ -231,10 +263,23 @@ impl Limiter {
             let key = self.storage_key(policy, &value);
             let enforce = policy.mode == Mode::Enforce;
             if enforce && policy.algorithm != Algorithm::Concurrency {
-                if let Some(retry_after_ms) = self.deny_cache.as_ref().and_then(|c| c.get(&key, now)) {
-                    self.metrics.deny_cache_hits.with_label_values(&[&policy.name]).inc();
-                    let verdict = Verdict { allowed: false, retry_after_ms, ..Verdict::default() };
-                    outcome.policies.push(PolicyOutcome { policy: id, decision: Decision::Rejected, verdict: Some(verdict) });
+                if let Some(retry_after_ms) =
+                    self.deny_cache.as_ref().and_then(|c| c.get(&key, now))
+                {
+                    self.metrics
+                        .deny_cache_hits
+                        .with_label_values(&[&policy.name])
+                        .inc();
+                    let verdict = Verdict {
+                        allowed: false,
+                        retry_after_ms,
+                        ..Verdict::default()
+                    };
+                    outcome.policies.push(PolicyOutcome {
+                        policy: id,
+                        decision: Decision::Rejected,
+                        verdict: Some(verdict),
+                    });
                     violated.push(id);
                     continue;
                 }
@@ -244,7 +289,11 @@ impl Limiter {
                 rule: rule_of(policy),
                 cost: policy.cost,
                 enforce,
-                lease: if policy.algorithm == Algorithm::Concurrency { self.next_lease() } else { 0 },
+                lease: if policy.algorithm == Algorithm::Concurrency {
+                    self.next_lease()
+                } else {
+                    0
+                },
             });
             checked.push(id);
         }
@@ -279,7 +328,9 @@ impl Limiter {
         let result = if self.breaker.open_until.load(Ordering::Relaxed) > now {
             Err(BackendError::CircuitOpen)
         } else {
-            match tokio::time::timeout(self.settings.timeout, self.backend.decide(checks, now)).await {
+            match tokio::time::timeout(self.settings.timeout, self.backend.decide(checks, now))
+                .await
+            {
                 Ok(r) => r,
                 Err(_) => Err(BackendError::Timeout),
             }
@@ -293,10 +344,16 @@ impl Limiter {
             Ok(verdicts) => {
                 self.breaker.failures.store(0, Ordering::Relaxed);
                 self.metrics.backend_up.with_label_values(&[name]).set(1);
-                verdicts.into_iter().map(|v| (Ok(v), self.backend.clone())).collect()
+                verdicts
+                    .into_iter()
+                    .map(|v| (Ok(v), self.backend.clone()))
+                    .collect()
             }
             Err(e) => {
-                self.metrics.backend_errors.with_label_values(&[name, e.kind()]).inc();
+                self.metrics
+                    .backend_errors
+                    .with_label_values(&[name, e.kind()])
+                    .inc();
                 if e != BackendError::CircuitOpen {
                     self.metrics.backend_up.with_label_values(&[name]).set(0);
                     let failures = self.breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
@@ -367,7 +424,11 @@ impl Limiter {
                 Err(OnError::Deny) => Decision::ErrorDenied,
                 Err(_) => Decision::ErrorAllowed,
             };
-            outcome.policies.push(PolicyOutcome { policy: id, decision, verdict: verdict.as_ref().ok().copied() });
+            outcome.policies.push(PolicyOutcome {
+                policy: id,
+                decision,
+                verdict: verdict.as_ref().ok().copied(),
+            });
         }
         if backend_down {
             outcome.denial = Some(Denial::BackendDown);
@@ -377,7 +438,10 @@ impl Limiter {
             if let Some(cache) = &self.deny_cache {
                 for ((check, _), (verdict, _)) in checks.iter().zip(checked).zip(&verdicts) {
                     if let Ok(v) = verdict {
-                        if check.enforce && !v.allowed && check.rule.algorithm != Algorithm::Concurrency {
+                        if check.enforce
+                            && !v.allowed
+                            && check.rule.algorithm != Algorithm::Concurrency
+                        {
                             cache.insert(&check.key, now + v.retry_after_ms);
                         }
                     }
@@ -390,7 +454,11 @@ impl Limiter {
             let Ok(v) = verdict else { continue };
             outcome.wait_ms = outcome.wait_ms.max(v.wait_ms);
             if check.lease != 0 && v.allowed {
-                outcome.leases.push(Lease { key: check.key.clone(), id: check.lease, backend });
+                outcome.leases.push(Lease {
+                    key: check.key.clone(),
+                    id: check.lease,
+                    backend,
+                });
             }
         }
     }
@@ -404,8 +472,15 @@ impl Limiter {
             .filter_map(|p| p.verdict.map(|v| v.retry_after_ms))
             .max()
             .unwrap_or(0);
-        let names = violated.iter().map(|&id| policies[id].name.clone()).collect();
-        outcome.denial = Some(Denial::Limited { status, retry_after_ms, violated: names });
+        let names = violated
+            .iter()
+            .map(|&id| policies[id].name.clone())
+            .collect();
+        outcome.denial = Some(Denial::Limited {
+            status,
+            retry_after_ms,
+            violated: names,
+        });
     }
 
     fn count(&self, route: &str, policies: &[Policy], outcome: &Outcome) {

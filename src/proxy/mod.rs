@@ -67,7 +67,9 @@ async fn write_response(
         resp.insert_header(*name, value.as_str())?;
     }
     let head = session.req_header().method == http::Method::HEAD;
-    session.write_response_header(Box::new(resp), head || body.is_empty()).await?;
+    session
+        .write_response_header(Box::new(resp), head || body.is_empty())
+        .await?;
     if !head && !body.is_empty() {
         session.write_response_body(Some(body), true).await?;
     }
@@ -102,7 +104,11 @@ impl ProxyHttp for Proxy {
         let raw_host = req
             .uri
             .host()
-            .or_else(|| req.headers.get(http::header::HOST).and_then(|h| h.to_str().ok()))
+            .or_else(|| {
+                req.headers
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+            })
             .unwrap_or("");
         let host = routing::normalize_host(raw_host);
         let path = req.uri.path().to_owned();
@@ -112,10 +118,22 @@ impl ProxyHttp for Proxy {
             .and_then(|a| a.as_inet())
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
         let req = session.req_header();
-        ctx.client_ip = key::client_ip(peer, &req.headers, &config.server.client_ip_header, &config.server.trusted_proxies);
+        ctx.client_ip = key::client_ip(
+            peer,
+            &req.headers,
+            &config.server.client_ip_header,
+            &config.server.trusted_proxies,
+        );
 
         let Some(route_id) = routing::match_route(&config.routes, &host, &path, &method) else {
-            write_response(session, 404, &[], "text/plain", Bytes::from_static(b"no route\n")).await?;
+            write_response(
+                session,
+                404,
+                &[],
+                "text/plain",
+                Bytes::from_static(b"no route\n"),
+            )
+            .await?;
             return Ok(true);
         };
         ctx.route = Some(route_id);
@@ -129,21 +147,40 @@ impl ProxyHttp for Proxy {
             headers: &req.headers,
             route: &route.name,
         };
-        let outcome = gateway.limiter.decide(&route.name, &config.policies, &route.policies, &facts).await;
-        ctx.rate_headers = response::rate_limit_headers(config.server.headers, &config.policies, &outcome.policies);
+        let outcome = gateway
+            .limiter
+            .decide(&route.name, &config.policies, &route.policies, &facts)
+            .await;
+        ctx.rate_headers = response::rate_limit_headers(
+            config.server.headers,
+            &config.policies,
+            &outcome.policies,
+        );
         ctx.decisions = outcome.policies;
         ctx._leases = outcome.leases;
         if let Some(denial) = &outcome.denial {
             let (status, extra, body) = response::denial(denial);
             let mut headers = ctx.rate_headers.clone();
             headers.extend(extra);
-            write_response(session, status, &headers, "application/problem+json", Bytes::from(body)).await?;
+            write_response(
+                session,
+                status,
+                &headers,
+                "application/problem+json",
+                Bytes::from(body),
+            )
+            .await?;
             return Ok(true);
         }
         if outcome.wait_ms > 0 {
             tokio::time::sleep(Duration::from_millis(outcome.wait_ms)).await;
         }
-        if let Target::Respond { status, body, content_type } = &route.target {
+        if let Target::Respond {
+            status,
+            body,
+            content_type,
+        } = &route.target
+        {
             let body = Bytes::from(body.clone());
             write_response(session, *status, &ctx.rate_headers, content_type, body).await?;
             return Ok(true);
@@ -161,7 +198,11 @@ impl ProxyHttp for Proxy {
         let pool = &gateway.pools[upstream];
         let server = pool.pick(ctx.client_ip, ctx.attempts);
         let cfg = &pool.config;
-        let sni = if cfg.sni.is_empty() { server.addr.ip().to_string() } else { cfg.sni.clone() };
+        let sni = if cfg.sni.is_empty() {
+            server.addr.ip().to_string()
+        } else {
+            cfg.sni.clone()
+        };
         let mut peer = HttpPeer::new(server.addr, cfg.tls, sni);
         peer.options.connection_timeout = Some(cfg.connect_timeout);
         peer.options.total_connection_timeout = Some(cfg.connect_timeout);
@@ -170,8 +211,16 @@ impl ProxyHttp for Proxy {
         Ok(Box::new(peer))
     }
 
-    fn fail_to_connect(&self, _session: &mut Session, peer: &HttpPeer, ctx: &mut Ctx, mut e: Box<Error>) -> Box<Error> {
-        let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route) else { return e };
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        peer: &HttpPeer,
+        ctx: &mut Ctx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route) else {
+            return e;
+        };
         if let Target::Upstream(upstream) = gateway.config.routes[route].target {
             let pool = &gateway.pools[upstream];
             // With active checks, a refused connect marks the server down until one succeeds.
@@ -188,10 +237,19 @@ impl ProxyHttp for Proxy {
         e
     }
 
-    async fn upstream_request_filter(&self, session: &mut Session, upstream: &mut RequestHeader, _ctx: &mut Ctx) -> Result<()> {
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        _ctx: &mut Ctx,
+    ) -> Result<()> {
         // Append the TCP peer, as nginx's $proxy_add_x_forwarded_for does.
         if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
-            let forwarded = match upstream.headers.get("x-forwarded-for").map(|v| v.as_bytes().to_vec()) {
+            let forwarded = match upstream
+                .headers
+                .get("x-forwarded-for")
+                .map(|v| v.as_bytes().to_vec())
+            {
                 Some(mut existing) => {
                     existing.extend_from_slice(b", ");
                     existing.extend_from_slice(peer.ip().to_string().as_bytes());
@@ -204,7 +262,12 @@ impl ProxyHttp for Proxy {
         Ok(())
     }
 
-    async fn response_filter(&self, _session: &mut Session, resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
         for (name, value) in &ctx.rate_headers {
             resp.insert_header(*name, value.as_str())?;
         }
@@ -219,8 +282,12 @@ impl ProxyHttp for Proxy {
         let route = ctx.route_name().to_owned();
         let elapsed = ctx.started.elapsed();
         let m = &self.app.metrics;
-        m.http_requests.with_label_values(&[&route, &status.to_string()]).inc();
-        m.http_duration.with_label_values(&[&route]).observe(elapsed.as_secs_f64());
+        m.http_requests
+            .with_label_values(&[&route, &status.to_string()])
+            .inc();
+        m.http_duration
+            .with_label_values(&[&route])
+            .observe(elapsed.as_secs_f64());
         let Some(gateway) = &ctx.gateway else { return };
         if let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route) {
             if let Target::Upstream(u) = gateway.config.routes[r].target {
@@ -236,13 +303,26 @@ impl ProxyHttp for Proxy {
     }
 }
 
-fn access_log(format: AccessLog, session: &Session, ctx: &Ctx, gateway: &Gateway, route: &str, status: u16, elapsed: Duration) {
+fn access_log(
+    format: AccessLog,
+    session: &Session,
+    ctx: &Ctx,
+    gateway: &Gateway,
+    route: &str,
+    status: u16,
+    elapsed: Duration,
+) {
     use std::io::Write;
     let req = session.req_header();
     let decisions: serde_json::Map<String, serde_json::Value> = ctx
         .decisions
         .iter()
-        .map(|d| (gateway.config.policies[d.policy].name.clone(), d.decision.label().into()))
+        .map(|d| {
+            (
+                gateway.config.policies[d.policy].name.clone(),
+                d.decision.label().into(),
+            )
+        })
         .collect();
     let line = match format {
         AccessLog::Json => serde_json::json!({

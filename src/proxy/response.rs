@@ -10,7 +10,11 @@ fn secs_up(ms: u64) -> u64 {
 }
 
 /// The rate-limit response headers for the enforced policies that were decided.
-pub fn rate_limit_headers(style: HeaderStyle, policies: &[Policy], outcomes: &[PolicyOutcome]) -> Vec<(&'static str, String)> {
+pub fn rate_limit_headers(
+    style: HeaderStyle,
+    policies: &[Policy],
+    outcomes: &[PolicyOutcome],
+) -> Vec<(&'static str, String)> {
     let shown: Vec<(&Policy, crate::limiter::algorithm::Verdict)> = outcomes
         .iter()
         .filter(|o| o.decision != Decision::ShadowRejected)
@@ -28,22 +32,33 @@ pub fn rate_limit_headers(style: HeaderStyle, policies: &[Policy], outcomes: &[P
             for (i, (p, v)) in shown.iter().enumerate() {
                 let sep = if i > 0 { ", " } else { "" };
                 if p.algorithm == Algorithm::Concurrency {
-                    let _ = write!(policy, "{sep}\"{}\";q={};qu=\"concurrent-requests\"", p.name, p.limit);
+                    let _ = write!(
+                        policy,
+                        "{sep}\"{}\";q={};qu=\"concurrent-requests\"",
+                        p.name, p.limit
+                    );
                     let _ = write!(state, "{sep}\"{}\";r={};t=0", p.name, v.remaining);
                 } else {
                     let w = secs_up(p.period.as_millis() as u64);
                     let _ = write!(policy, "{sep}\"{}\";q={};w={w}", p.name, p.limit);
-                    let _ = write!(state, "{sep}\"{}\";r={};t={}", p.name, v.remaining, secs_up(v.reset_ms));
+                    let _ = write!(
+                        state,
+                        "{sep}\"{}\";r={};t={}",
+                        p.name,
+                        v.remaining,
+                        secs_up(v.reset_ms)
+                    );
                 }
             }
             vec![("RateLimit-Policy", policy), ("RateLimit", state)]
         }
         HeaderStyle::Legacy => {
             // The most restrictive: lowest remaining, then longest reset.
-            let Some((p, v)) = shown
-                .iter()
-                .min_by(|a, b| a.1.remaining.cmp(&b.1.remaining).then(b.1.reset_ms.cmp(&a.1.reset_ms)))
-            else {
+            let Some((p, v)) = shown.iter().min_by(|a, b| {
+                a.1.remaining
+                    .cmp(&b.1.remaining)
+                    .then(b.1.reset_ms.cmp(&a.1.reset_ms))
+            }) else {
                 return Vec::new();
             };
             vec![

@@ -43,8 +43,16 @@ impl Pool {
     /// A server for this request; `attempt` > 0 moves on after a failed connect.
     /// When every server is marked down, all are tried rather than none.
     pub fn pick(&self, client_ip: IpAddr, attempt: usize) -> &Server {
-        let healthy: Vec<&Server> = self.servers.iter().filter(|s| s.healthy.load(Ordering::Relaxed)).collect();
-        let candidates: Vec<&Server> = if healthy.is_empty() { self.servers.iter().collect() } else { healthy };
+        let healthy: Vec<&Server> = self
+            .servers
+            .iter()
+            .filter(|s| s.healthy.load(Ordering::Relaxed))
+            .collect();
+        let candidates: Vec<&Server> = if healthy.is_empty() {
+            self.servers.iter().collect()
+        } else {
+            healthy
+        };
         let n = candidates.len();
         let first = match self.config.balance {
             Balance::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed),
@@ -79,9 +87,17 @@ pub async fn health_check(pool: Weak<Pool>, interval: Duration) {
                 Ok(Ok(_))
             );
             let Some(p) = pool.upgrade() else { return };
-            let was = p.servers.iter().find(|s| s.addr == addr).is_some_and(|s| s.healthy.load(Ordering::Relaxed));
+            let was = p
+                .servers
+                .iter()
+                .find(|s| s.addr == addr)
+                .is_some_and(|s| s.healthy.load(Ordering::Relaxed));
             if was != up {
-                log::warn!("upstream {} server {addr} is {}", p.config.name, if up { "up" } else { "down" });
+                log::warn!(
+                    "upstream {} server {addr} is {}",
+                    p.config.name,
+                    if up { "up" } else { "down" }
+                );
             }
             p.mark(addr, up);
         }
