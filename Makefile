@@ -4,20 +4,20 @@ CARGO    ?= cargo
 SLUICE   := target/release/sluice
 PREFIX   ?= /usr
 DESTDIR  ?=
-# Debian packages the build (cmake) and the tests (redis-server, redis-cli) need.
-DEB_DEPS := cmake redis-server redis-tools
 CONFIGS  := $(wildcard conf/*.toml)
 
 .PHONY: all deps build run test lint unit check-configs ops bench install clean
 
 all: build
 
+# The build needs cmake; the tests need redis-server, redis-cli and faketime (clock skew).
 # Installs what is missing with apt when run as root; otherwise says exactly what to install.
 deps:
 	@missing=""; \
 	command -v cmake >/dev/null 2>&1 || missing="$$missing cmake"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
+	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing:$$missing"; \
