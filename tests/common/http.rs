@@ -18,7 +18,9 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(&name.to_ascii_lowercase()).map(String::as_str)
+        self.headers
+            .get(&name.to_ascii_lowercase())
+            .map(String::as_str)
     }
 }
 
@@ -53,12 +55,19 @@ pub fn parse(raw: &[u8]) -> Response {
                 .or_insert_with(|| v.trim().to_owned());
         }
     }
-    let body = if headers.get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+    let body = if headers
+        .get("transfer-encoding")
+        .is_some_and(|v| v.contains("chunked"))
+    {
         dechunk(body)
     } else {
         body.to_owned()
     };
-    Response { status, headers, body }
+    Response {
+        status,
+        headers,
+        body,
+    }
 }
 
 fn dechunk(mut s: &str) -> String {
@@ -79,7 +88,13 @@ pub fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
     request(addr, "GET", path, headers, "")
 }
 
-pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Response {
     let mut raw = format!("{method} {path} HTTP/1.1\r\n");
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
         raw.push_str("Host: localhost\r\n");
@@ -87,10 +102,17 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
     for (k, v) in headers {
         raw.push_str(&format!("{k}: {v}\r\n"));
     }
-    raw.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()));
+    raw.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
     match send_raw(addr, raw.as_bytes()) {
         Ok(bytes) => parse(&bytes),
-        Err(e) => Response { status: 0, headers: HashMap::new(), body: e.to_string() },
+        Err(e) => Response {
+            status: 0,
+            headers: HashMap::new(),
+            body: e.to_string(),
+        },
     }
 }
 

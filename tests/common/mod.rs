@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod redis;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -65,21 +66,43 @@ impl Sluice {
     }
 
     pub fn start_with_env(template: &str, env: &[(&str, &str)]) -> Sluice {
+        Self::start_wrapped(template, &[], env)
+    }
+
+    /// Starts sluice as an argument of `wrapper` (e.g. `["faketime", "+2h"]`).
+    pub fn start_wrapped(template: &str, wrapper: &[&str], env: &[(&str, &str)]) -> Sluice {
         let dir = TempDir::new();
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let config = dir.0.join("sluice.toml");
         std::fs::write(&config, render(template, addr, admin)).expect("write config");
-        let mut cmd = Command::new(SLUICE);
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(SLUICE);
+                c
+            }
+            None => Command::new(SLUICE),
+        };
         // Logs go to files: a full pipe nobody reads would block sluice.
         let stdout = std::fs::File::create(dir.0.join("stdout.log")).expect("stdout file");
         let stderr = std::fs::File::create(dir.0.join("stderr.log")).expect("stderr file");
-        cmd.arg("run").arg("--config").arg(&config).stdout(Stdio::from(stdout)).stderr(Stdio::from(stderr));
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr));
         for (k, v) in env {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("start sluice");
-        let mut s = Sluice { child, addr, admin, config, _dir: dir };
+        let mut s = Sluice {
+            child,
+            addr,
+            admin,
+            config,
+            _dir: dir,
+        };
         s.wait_ready();
         s
     }
@@ -96,7 +119,10 @@ impl Sluice {
             }
             std::thread::sleep(Duration::from_millis(25));
         }
-        panic!("sluice did not become ready on {} / {}", self.addr, self.admin);
+        panic!(
+            "sluice did not become ready on {} / {}",
+            self.addr, self.admin
+        );
     }
 
     pub fn get(&self, path: &str) -> http::Response {
@@ -131,7 +157,8 @@ impl Sluice {
 
     /// Writes a new config (same placeholders) and sends SIGHUP.
     pub fn reload(&self, template: &str) {
-        std::fs::write(&self.config, render(template, self.addr, self.admin)).expect("write config");
+        std::fs::write(&self.config, render(template, self.addr, self.admin))
+            .expect("write config");
         self.signal("HUP");
     }
 
@@ -179,20 +206,34 @@ impl Drop for Sluice {
 }
 
 /// Fires `n` GETs at once (one thread each, released together) and returns their responses.
-pub fn burst(addr: SocketAddr, n: usize, path: &str, headers: &[(&str, &str)]) -> Vec<http::Response> {
+pub fn burst(
+    addr: SocketAddr,
+    n: usize,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Vec<http::Response> {
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(n));
-    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let handles: Vec<_> = (0..n)
         .map(|_| {
             let (barrier, path, headers) = (barrier.clone(), path.to_owned(), headers.clone());
             std::thread::spawn(move || {
-                let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let h: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
                 barrier.wait();
                 http::get(addr, &path, &h)
             })
         })
         .collect();
-    handles.into_iter().map(|h| h.join().expect("request thread")).collect()
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("request thread"))
+        .collect()
 }
 
 pub fn count_status(responses: &[http::Response], status: u16) -> usize {

@@ -1,0 +1,624 @@
+//! The memory and Redis backends give identical verdicts for the same sequences of (time, cost).
+//!
+//! Every test drives both backends with the same checks on a manual clock (`clock =
+//! "local"`) and requires equal `Verdict`s, call by call. Redis runs as real
+//! `redis-server` processes on free ports.
+//!
+//! Redis TTLs are relative and run in real time, so the manual clock starts at the real
+//! present and never runs slower than the wall clock (`TestClock`): a key Redis has expired
+//! is then always one the memory backend also treats as expired. Sequences of (step, cost)
+//! come from fixed seeds; only when the wall clock ticks between two calls planned for the
+//! same millisecond does the test clock move on with it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[allow(dead_code)]
+#[path = "common/redis.rs"]
+mod redis_harness;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis_harness::{RedisCluster, RedisSentinel, RedisServer};
+use sluice::config::{self, Algorithm, ClockSource, OnError};
+use sluice::limiter::algorithm::{Rule, Verdict};
+use sluice::limiter::backend::{Backend, Check};
+use sluice::limiter::memory::MemoryBackend;
+use sluice::limiter::redis::RedisBackend;
+
+fn wall_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_millis() as u64
+}
+
+/// A manual clock that starts at the real present and never advances slower than the
+/// wall clock, so no Redis key expires before the test's time says it may.
+struct TestClock {
+    sim: u64,
+    wall: u64,
+}
+
+impl TestClock {
+    fn new() -> TestClock {
+        let wall = wall_ms();
+        TestClock { sim: wall, wall }
+    }
+
+    /// The time now: where it was, unless the wall clock ticked meanwhile (then past that,
+    /// with a millisecond to spare for the call in flight).
+    fn now(&mut self) -> u64 {
+        let wall = wall_ms();
+        let ran = wall.saturating_sub(self.wall);
+        self.wall = wall;
+        if ran > 0 {
+            self.sim += ran + 1;
+        }
+        self.sim
+    }
+
+    /// Moves to `at` (or stays later, if the clock is already past it).
+    fn to(&mut self, at: u64) -> u64 {
+        self.sim = self.now().max(at);
+        self.sim
+    }
+}
+
+fn limiter_config(backend: config::Backend, clock: ClockSource) -> config::Limiter {
+    config::Limiter {
+        backend,
+        timeout: Duration::from_secs(2),
+        key_prefix: "t:".into(),
+        clock,
+        on_error: OnError::Allow,
+        deny_cache: 0,
+        max_keys: 1_000_000,
+    }
+}
+
+async fn connect(backend: config::Backend, clock: ClockSource) -> RedisBackend {
+    RedisBackend::connect(&limiter_config(backend, clock))
+        .await
+        .expect("redis backend for the test server")
+}
+
+fn rule(algorithm: Algorithm, limit: u64, period_ms: u64, burst: u64) -> Rule {
+    Rule {
+        algorithm,
+        limit,
+        period_ms,
+        burst,
+        max_delay_ms: None,
+        lease_ms: 60_000,
+    }
+}
+
+fn delayed(mut r: Rule, max_delay_ms: u64) -> Rule {
+    r.max_delay_ms = Some(max_delay_ms);
+    r
+}
+
+/// A key in the shape the limiter builds: `<prefix>{<hash>}:<policy>:<algorithm>`.
+fn key(tag: &str, policy: &str, r: &Rule) -> String {
+    format!("t:{{{tag}}}:{policy}:{}", r.algorithm.name())
+}
+
+fn check(key: &str, rule: Rule, cost: u64, enforce: bool, lease: u64) -> Check {
+    Check {
+        key: key.to_owned(),
+        rule,
+        cost,
+        enforce,
+        lease,
+    }
+}
+
+/// A fixed-seed generator (PCG-style LCG): the same sequences on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// The memory backend and a Redis backend fed the same calls.
+struct Twin {
+    memory: MemoryBackend,
+    redis: RedisBackend,
+}
+
+impl Twin {
+    fn new(redis: RedisBackend) -> Twin {
+        Twin {
+            memory: MemoryBackend::new(1_000_000),
+            redis,
+        }
+    }
+
+    async fn decide(&self, checks: &[Check], now: u64, context: &dyn Fn() -> String) -> Vec<Verdict> {
+        let got = self
+            .redis
+            .decide(checks, now)
+            .await
+            .unwrap_or_else(|e| panic!("redis backend failed ({e}) at {}", context()));
+        let want = self.memory.decide(checks, now).await.expect("memory backend");
+        assert_eq!(got, want, "redis (left) and memory (right) differ at {}", context());
+        want
+    }
+
+    async fn release(&self, key: &str, lease: u64) {
+        self.memory.release(key, lease).await.expect("memory release");
+        self.redis.release(key, lease).await.expect("redis release");
+    }
+}
+
+/// The rules every algorithm is held to: fractional rates (3 per second), burst ≠ limit,
+/// long and 1 ms periods, and for token_bucket/gcra the delay mode.
+fn rules_for(algorithm: Algorithm) -> Vec<Rule> {
+    let mut rules = vec![
+        rule(algorithm, 10, 1_000, 10),
+        rule(algorithm, 3, 1_000, 5),
+        rule(algorithm, 7, 60_000, 2),
+        rule(algorithm, 1_000, 1, 1_000),
+        rule(algorithm, 5, 250, 1),
+    ];
+    if matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+        rules.push(delayed(rule(algorithm, 10, 1_000, 1), 250));
+        rules.push(delayed(rule(algorithm, 3, 1_000, 2), 1_500));
+    }
+    if algorithm == Algorithm::Concurrency {
+        rules = vec![rule(algorithm, 1, 1_000, 1), rule(algorithm, 3, 1_000, 3)];
+        for r in &mut rules {
+            r.lease_ms = 500;
+        }
+    }
+    rules
+}
+
+/// The next time in a random walk: often the same or a little later, sometimes exactly
+/// at (or next to) a window boundary, sometimes after a long idle.
+fn step_time(rng: &mut Rng, now: u64, period: u64) -> u64 {
+    match rng.below(20) {
+        0..=2 => now,
+        3..=12 => now + rng.below(period / 4 + 1),
+        13..=15 => now + rng.below(period + 1),
+        16 | 17 => {
+            let end = now - now % period + period;
+            end - 1 + rng.below(3)
+        }
+        18 => now + period * (2 + rng.below(3)),
+        _ => now + 86_400_000 * (1 + rng.below(2)),
+    }
+}
+
+fn step_cost(rng: &mut Rng, limit: u64) -> u64 {
+    match rng.below(10) {
+        0 => 0,
+        1..=5 => 1,
+        6 | 7 => 2,
+        8 => 3,
+        _ => limit + 1,
+    }
+}
+
+/// Every algorithm, every rule, a seeded random walk of single checks.
+#[tokio::test]
+async fn single_checks_match_on_random_sequences() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut rng = Rng(0x5eed);
+    for algorithm in Algorithm::ALL {
+        for (n, r) in rules_for(algorithm).into_iter().enumerate() {
+            let k = key(&format!("walk{n}"), "p", &r);
+            let mut clock = TestClock::new();
+            let mut held: Vec<u64> = Vec::new();
+            for step in 0..400u64 {
+                let now = clock.to(step_time(&mut rng, clock.sim, r.period_ms));
+                if algorithm == Algorithm::Concurrency && !held.is_empty() && rng.below(3) == 0 {
+                    let lease = held.swap_remove(rng.below(held.len() as u64) as usize);
+                    twin.release(&k, lease).await;
+                    continue;
+                }
+                let cost = step_cost(&mut rng, r.limit);
+                let c = check(&k, r, cost, true, step + 1);
+                let v = twin
+                    .decide(std::slice::from_ref(&c), now, &|| format!("{r:?} step {step} now {now} cost {cost}"))
+                    .await;
+                if algorithm == Algorithm::Concurrency && v[0].allowed {
+                    held.push(step + 1);
+                }
+            }
+        }
+    }
+}
+
+/// Window boundaries, cost 0, cost over the limit, and long idle, for every algorithm.
+#[tokio::test]
+async fn edge_cases_match() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut clock = TestClock::new();
+    for algorithm in Algorithm::ALL {
+        let r = rule(algorithm, 3, 1_000, 3);
+        let k = key("edge", "p", &r);
+        let start = clock.now() + 100;
+        let end = start - start % 1_000 + 1_000;
+        let plan: [(u64, u64); 14] = [
+            (end - 1, 2),
+            (end - 1, 1),
+            (end - 1, 1),
+            (end, 1),
+            (end, 0),
+            (end + 1, 2),
+            (end + 1, 4),
+            (end + 999, 1),
+            (end + 1_000, 3),
+            (end + 1_000, 1),
+            (end + 2_000, 0),
+            (end + 3_500, 1),
+            (end + 86_400_000, 3),
+            (end + 86_400_000 + 1, 1),
+        ];
+        for (i, (at, cost)) in plan.into_iter().enumerate() {
+            let now = clock.to(at);
+            let c = check(&k, r, cost, true, i as u64 + 1);
+            twin.decide(&[c], now, &|| format!("{algorithm:?} step {i} now {now} cost {cost}"))
+                .await;
+        }
+    }
+}
+
+/// Random batches of 2–4 checks over several algorithms, enforce and shadow mixed: the
+/// all-or-nothing rule must charge exactly the same on both.
+#[tokio::test]
+async fn batches_match_all_or_nothing() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let pool: Vec<(String, Rule)> = Algorithm::ALL
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, algorithm)| {
+            let tight = rule(algorithm, 2 + i as u64 % 3, 1_000, 3);
+            let loose = rule(algorithm, 20, 1_000, 20);
+            [
+                (key(&format!("b{i}"), "tight", &tight), tight),
+                (key(&format!("b{i}"), "loose", &loose), loose),
+            ]
+        })
+        .collect();
+    let mut rng = Rng(7);
+    let mut clock = TestClock::new();
+    let mut leases: Vec<(String, u64)> = Vec::new();
+    for step in 0..600u64 {
+        let now = clock.to(step_time(&mut rng, clock.sim, 1_000).min(clock.sim + 5_000));
+        if !leases.is_empty() && rng.below(4) == 0 {
+            let (k, lease) = leases.swap_remove(rng.below(leases.len() as u64) as usize);
+            twin.release(&k, lease).await;
+        }
+        let size = 2 + rng.below(3) as usize;
+        let mut chosen: Vec<usize> = Vec::new();
+        while chosen.len() < size {
+            let i = rng.below(pool.len() as u64) as usize;
+            if !chosen.contains(&i) {
+                chosen.push(i);
+            }
+        }
+        let checks: Vec<Check> = chosen
+            .iter()
+            .enumerate()
+            .map(|(j, &i)| {
+                let (k, r) = &pool[i];
+                check(k, *r, 1 + rng.below(2), rng.below(4) != 0, step * 10 + j as u64 + 1)
+            })
+            .collect();
+        let verdicts = twin.decide(&checks, now, &|| format!("batch {step} now {now}")).await;
+        let passed = checks.iter().zip(&verdicts).all(|(c, v)| v.allowed || !c.enforce);
+        for (c, v) in checks.iter().zip(&verdicts) {
+            if passed && v.allowed && c.rule.algorithm == Algorithm::Concurrency {
+                leases.push((c.key.clone(), c.lease));
+            }
+        }
+    }
+}
+
+/// The all-or-nothing rule spelled out: a denying enforce check charges nothing; a denying
+/// shadow check blocks nothing and is not charged itself.
+#[tokio::test]
+async fn a_denied_batch_charges_nothing_and_shadow_never_blocks() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let wide = rule(Algorithm::SlidingLog, 10, 1_000, 10);
+    let narrow = rule(Algorithm::Gcra, 1, 1_000, 1);
+    let (a, b) = (key("x", "wide", &wide), key("x", "narrow", &narrow));
+    let ctx = || "all-or-nothing".to_owned();
+    let mut clock = TestClock::new();
+    let t0 = clock.now();
+    let both = [check(&a, wide, 1, true, 0), check(&b, narrow, 1, true, 0)];
+    assert!(twin.decide(&both, t0, &ctx).await.iter().all(|v| v.allowed));
+    let second = twin.decide(&both, clock.now(), &ctx).await;
+    assert!(second[0].allowed && !second[1].allowed);
+    let alone = twin.decide(&both[..1], clock.now(), &ctx).await;
+    assert_eq!(alone[0].remaining, 8, "the denied batch charged `wide`");
+
+    let shadow = [check(&a, wide, 1, true, 0), check(&b, narrow, 1, false, 0)];
+    let v = twin.decide(&shadow, clock.now(), &ctx).await;
+    assert!(v[0].allowed && !v[1].allowed);
+    assert_eq!(v[0].remaining, 7, "a shadow denial blocked the batch");
+    // A shadow check that allows is charged with the batch.
+    let free = rule(Algorithm::SlidingLog, 2, 60_000, 2);
+    let c = key("x", "free", &free);
+    let shadow = [check(&a, wide, 1, true, 0), check(&c, free, 1, false, 0)];
+    let v = twin.decide(&shadow, clock.now(), &ctx).await;
+    assert!(v[0].allowed && v[1].allowed);
+    let v = twin.decide(&shadow[1..], clock.now(), &ctx).await;
+    assert_eq!((v[0].allowed, v[0].remaining), (true, 0), "the allowing shadow check was not charged");
+}
+
+#[tokio::test]
+async fn concurrency_acquire_release_and_lease_expiry_match() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut r = rule(Algorithm::Concurrency, 2, 1_000, 2);
+    r.lease_ms = 5_000;
+    let k = key("c", "inflight", &r);
+    let ctx = || "concurrency".to_owned();
+    let acquire = |lease| [check(&k, r, 1, true, lease)];
+    let mut clock = TestClock::new();
+    assert_eq!(twin.decide(&acquire(1), clock.now(), &ctx).await[0].remaining, 1);
+    let t3 = clock.now();
+    assert!(twin.decide(&acquire(3), t3, &ctx).await[0].allowed);
+    assert!(!twin.decide(&acquire(5), clock.now(), &ctx).await[0].allowed);
+    twin.release(&k, 1).await;
+    assert!(twin.decide(&acquire(7), clock.to(t3 + 100), &ctx).await[0].allowed);
+    assert!(!twin.decide(&acquire(9), clock.to(t3 + 4_999), &ctx).await[0].allowed);
+    // Lease 3 expires at t3 + 5000; lease 7 holds on.
+    let v = twin.decide(&acquire(11), clock.to(t3 + 5_001), &ctx).await;
+    assert_eq!((v[0].allowed, v[0].remaining), (true, 0));
+    twin.release(&k, 7).await;
+    twin.release(&k, 11).await;
+    twin.release(&k, 11).await;
+    assert_eq!(server.cli(&["exists", &k]), "0", "the last release deletes the set");
+}
+
+/// SCRIPT FLUSH mid-sequence (as after a Redis restart): the next call reloads and retries.
+#[tokio::test]
+async fn noscript_reloads_and_retries() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut rng = Rng(99);
+    let r = rule(Algorithm::TokenBucket, 3, 1_000, 5);
+    let k = key("flush", "p", &r);
+    let mut clock = TestClock::new();
+    for step in 0..60 {
+        if step % 20 == 10 {
+            assert_eq!(server.cli(&["script", "flush"]), "OK");
+        }
+        let now = clock.to(step_time(&mut rng, clock.sim, 1_000).min(clock.sim + 2_000));
+        let c = check(&k, r, 1, true, 0);
+        twin.decide(&[c], now, &|| format!("step {step} after SCRIPT FLUSH")).await;
+    }
+}
+
+/// Redis down when sluice starts: connect still succeeds, calls fail fast, and once Redis
+/// is back (even restarted empty, without the script) calls succeed again.
+#[tokio::test]
+async fn starts_without_redis_and_recovers() {
+    let mut server = RedisServer::start();
+    server.kill();
+    let started = Instant::now();
+    let backend = connect(config::Backend::Redis(server.url()), ClockSource::Local).await;
+    assert!(started.elapsed() < Duration::from_secs(3), "connect blocked on a dead Redis");
+    let r = rule(Algorithm::FixedWindow, 5, 1_000, 5);
+    let c = [check(&key("down", "p", &r), r, 1, true, 0)];
+    let failed = tokio::time::timeout(Duration::from_secs(3), backend.decide(&c, wall_ms())).await;
+    assert!(matches!(failed, Ok(Err(_)) | Err(_)), "a dead Redis decided: {failed:?}");
+    assert!(!backend.ping().await);
+
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(1), backend.decide(&c, wall_ms())).await {
+            assert!(v[0].allowed);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the backend did not reconnect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(backend.ping().await);
+
+    // A restart under a live connection: it reconnects and reloads the script by itself.
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while backend.decide(&c, wall_ms()).await.is_err() {
+        assert!(Instant::now() < deadline, "the backend did not recover from a restart");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The longest any state of `r` can need to live (ms), for requests of at most `max_cost`.
+fn ttl_bound(r: &Rule, max_cost: u64) -> u64 {
+    let per_unit = r.period_ms.div_ceil(r.limit);
+    let delay = r.max_delay_ms.unwrap_or(0);
+    match r.algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingLog => r.period_ms,
+        Algorithm::SlidingWindow => 2 * r.period_ms,
+        Algorithm::TokenBucket | Algorithm::Gcra => r.burst * per_unit + delay + 1,
+        Algorithm::LeakyBucket => (r.burst + max_cost) * per_unit + 1,
+        Algorithm::Concurrency => r.lease_ms,
+    }
+}
+
+/// Every key gets a TTL no longer than its state needs, and they all go away.
+/// Uses `clock = "redis"` (scripts read TIME), so it also covers that path.
+#[tokio::test]
+async fn every_key_expires() {
+    let server = RedisServer::start();
+    let backend = connect(config::Backend::Redis(server.url()), ClockSource::Redis).await;
+    let mut rng = Rng(3);
+    let mut rules: Vec<Rule> = Algorithm::ALL
+        .into_iter()
+        .flat_map(|a| [rule(a, 5, 150, 3), rule(a, 3, 200, 5)])
+        .collect();
+    rules.push(delayed(rule(Algorithm::TokenBucket, 5, 200, 2), 100));
+    rules.push(delayed(rule(Algorithm::Gcra, 5, 200, 2), 100));
+    for r in &mut rules {
+        r.lease_ms = 300;
+    }
+    const MAX_COST: u64 = 2;
+    // Each key and the longest its state may live.
+    let mut bounds: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    for step in 0..300u64 {
+        let mut checks: Vec<Check> = Vec::new();
+        for j in 0..1 + rng.below(3) {
+            let n = rng.below(rules.len() as u64) as usize;
+            let r = rules[n];
+            let k = key(&format!("leak{}", rng.below(4)), &format!("r{n}"), &r);
+            if checks.iter().all(|c| c.key != k) {
+                bounds.insert(k.clone(), ttl_bound(&r, MAX_COST));
+                checks.push(check(&k, r, rng.below(MAX_COST + 1), rng.below(5) != 0, step * 10 + j + 1));
+            }
+        }
+        let verdicts = backend.decide(&checks, 0).await.expect("decide");
+        for (c, v) in checks.iter().zip(&verdicts) {
+            if c.rule.algorithm == Algorithm::Concurrency && v.allowed && rng.below(2) == 0 {
+                backend.release(&c.key, c.lease).await.expect("release");
+            }
+        }
+        if step % 50 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let mut con = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("t:*").query(&mut con).expect("KEYS");
+    assert!(keys.len() > 20, "the workload left too few keys to judge: {keys:?}");
+    for k in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut con).expect("PTTL");
+        assert!(ttl > 0, "{k} has no TTL ({ttl})");
+        let bound = bounds[k.strip_suffix(":total").unwrap_or(k)];
+        assert!(ttl as u64 <= bound, "{k} lives {ttl} ms, longer than its state can need ({bound} ms)");
+    }
+    let longest = bounds.values().copied().max().unwrap_or(0);
+    let deadline = wall_ms() + longest + 2_000;
+    loop {
+        let left: Vec<String> = keys
+            .iter()
+            .filter(|k| redis::cmd("EXISTS").arg(*k).query::<i64>(&mut con).expect("EXISTS") == 1)
+            .cloned()
+            .collect();
+        let scanned: Vec<String> = redis::cmd("KEYS").arg("t:*").query(&mut con).expect("KEYS");
+        if left.is_empty() && scanned.is_empty() {
+            break;
+        }
+        assert!(wall_ms() < deadline, "keys outlived their TTL: {left:?} {scanned:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sentinel: the backend asks Sentinel for the master and decides there.
+#[tokio::test]
+async fn sentinel_finds_the_master() {
+    let master = RedisServer::start();
+    let sentinel = RedisSentinel::start(&master, "sluice-master");
+    let backend = config::Backend::Sentinel {
+        master: "sluice-master".into(),
+        nodes: vec![sentinel.url()],
+    };
+    let twin = Twin::new(connect(backend, ClockSource::Local).await);
+    let r = rule(Algorithm::Gcra, 3, 1_000, 2);
+    let k = key("s", "p", &r);
+    let mut clock = TestClock::new();
+    for step in 0..10u64 {
+        let now = clock.to(clock.sim + 150);
+        twin.decide(&[check(&k, r, 1, true, 0)], now, &|| format!("sentinel step {step}"))
+            .await;
+    }
+    assert_eq!(master.cli(&["exists", &k]), "1", "state lives on the master");
+}
+
+/// A 3-master cluster: batches whose keys sit on different slots keep the all-or-nothing
+/// rule, and when concurrent requests race between the read-only pass and the charge, the
+/// charges of the losing requests are refunded exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_batches_across_slots_match_and_refund() {
+    let cluster = RedisCluster::start();
+    let seeds = cluster.seeds();
+    let slot = |k: &str| cluster.cli(&["cluster", "keyslot", k]);
+    let backend = Arc::new(connect(config::Backend::Cluster(seeds), ClockSource::Local).await);
+    let twin = Twin::new(connect(config::Backend::Cluster(cluster.seeds()), ClockSource::Local).await);
+
+    // Sequential batches over three tags on three slots, compared call by call.
+    let tags = ["alpha", "beta", "gamma"];
+    let pool: Vec<(String, Rule)> = Algorithm::ALL
+        .into_iter()
+        .enumerate()
+        .map(|(i, algorithm)| {
+            let r = rule(algorithm, 2 + i as u64 % 4, 1_000, 3);
+            (key(tags[i % 3], "p", &r), r)
+        })
+        .collect();
+    let slots: std::collections::HashSet<String> = pool.iter().map(|(k, _)| slot(k)).collect();
+    assert_eq!(slots.len(), 3, "the test keys should spread over three slots");
+    let mut rng = Rng(11);
+    let mut clock = TestClock::new();
+    for step in 0..200u64 {
+        let now = clock.to(step_time(&mut rng, clock.sim, 1_000).min(clock.sim + 3_000));
+        let mut chosen: Vec<usize> = Vec::new();
+        while chosen.len() < 3 {
+            let i = rng.below(pool.len() as u64) as usize;
+            if !chosen.contains(&i) {
+                chosen.push(i);
+            }
+        }
+        let checks: Vec<Check> = chosen
+            .iter()
+            .map(|&i| check(&pool[i].0, pool[i].1, 1, rng.below(5) != 0, step * 10 + i as u64 + 1))
+            .collect();
+        let verdicts = twin.decide(&checks, now, &|| format!("cluster batch {step}")).await;
+        for (c, v) in checks.iter().zip(&verdicts) {
+            if c.rule.algorithm == Algorithm::Concurrency && v.allowed {
+                twin.release(&c.key, c.lease).await;
+            }
+        }
+    }
+
+    // Races: 48 requests at once against [wide on one slot, narrow (10) on another].
+    // Exactly 10 pass; `wide` must then hold exactly 10 charges, whatever was refunded.
+    for (n, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+        let wide = rule(algorithm, 100, 60_000, 100);
+        let narrow = rule(Algorithm::FixedWindow, 10, 60_000, 10);
+        let wide_key = key(&format!("race{n}"), "wide", &wide);
+        let narrow_key = key(&format!("other{n}"), "narrow", &narrow);
+        assert_ne!(slot(&wide_key), slot(&narrow_key));
+        // A minute-long window that has just begun: nothing expires during the race.
+        let begun = clock.now() / 60_000 * 60_000 + 61_000;
+        let now = clock.to(begun);
+        let handles: Vec<_> = (0..48u64)
+            .map(|i| {
+                let backend = backend.clone();
+                let checks = vec![
+                    check(&wide_key, wide, 1, true, 1_000 + i),
+                    check(&narrow_key, narrow, 1, true, 0),
+                ];
+                tokio::spawn(async move { backend.decide(&checks, now).await.expect("race decide") })
+            })
+            .collect();
+        let mut passed = 0;
+        for handle in handles {
+            let v = handle.await.expect("race task");
+            if v.iter().all(|v| v.allowed) {
+                passed += 1;
+            }
+        }
+        assert_eq!(passed, 10, "{algorithm:?}: all or nothing across slots");
+        let memory = MemoryBackend::new(1_000);
+        for i in 0..10 {
+            memory.decide(&[check(&wide_key, wide, 1, true, 5_000 + i)], now).await.expect("memory");
+        }
+        let probe = [check(&wide_key, wide, 1, true, 9_999)];
+        let want = memory.decide(&probe, now).await.expect("memory probe");
+        let got = backend.decide(&probe, now).await.expect("redis probe");
+        assert_eq!(got, want, "{algorithm:?}: charges left behind after the race");
+    }
+}

@@ -1,0 +1,237 @@
+//! The Redis backend end to end: real `redis-server` processes and several real sluice
+//! processes sharing them; faults, deny cache and clock skew.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::http;
+use common::redis::RedisServer;
+use common::{count_status, Sluice};
+
+fn config(limiter: &str, policies: &str, routes: &[(&str, &str)]) -> String {
+    let mut out = format!(
+        "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\nthreads = 2\n[admin]\nlisten = \"{{admin}}\"\n[limiter]\n{limiter}\n{policies}\n"
+    );
+    for (name, policies) in routes {
+        out.push_str(&format!(
+            "[[routes]]\nname = \"{name}\"\npath = \"/{name}\"\nrespond = {{ status = 200 }}\npolicies = [{policies}]\n"
+        ));
+    }
+    out
+}
+
+fn redis_limiter(redis: &RedisServer, extra: &str) -> String {
+    format!("backend = \"redis\"\nurl = \"{}\"\n{extra}", redis.url())
+}
+
+fn policy(name: &str, algorithm: &str, limit: u64, period: &str, extra: &str) -> String {
+    format!("[policies.{name}]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nperiod = \"{period}\"\nkey = []\n{extra}\n")
+}
+
+const FLEET: [&str; 4] = ["fixed_window", "sliding_log", "token_bucket", "gcra"];
+
+#[test]
+fn three_instances_sharing_redis_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let policies: String = FLEET.iter().map(|a| policy(a, a, 50, "1h", "")).collect();
+    let routes: Vec<(String, String)> = FLEET.iter().map(|a| (a.to_string(), format!("\"{a}\""))).collect();
+    let routes: Vec<(&str, &str)> = routes.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    // A generous timeout and fail-closed: a slow answer must not turn into an admission.
+    let template = config(&redis_limiter(&redis, "timeout = \"2s\"\non_error = \"deny\""), &policies, &routes);
+    let fleet: Vec<Sluice> = (0..3).map(|_| Sluice::start(&template)).collect();
+    for a in FLEET {
+        let barrier = Arc::new(Barrier::new(300));
+        let handles: Vec<_> = (0..300)
+            .map(|i| {
+                let (addr, barrier, path) = (fleet[i % 3].addr, barrier.clone(), format!("/{a}"));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    http::get(addr, &path, &[])
+                })
+            })
+            .collect();
+        let responses: Vec<http::Response> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
+        assert_eq!(count_status(&responses, 200), 50, "{a}");
+        assert_eq!(count_status(&responses, 429), 250, "{a}");
+    }
+}
+
+#[test]
+fn the_deny_cache_answers_over_limit_keys_without_redis() {
+    let redis = RedisServer::start();
+    for (cache, expected_hits, expected_calls) in [(1000, 7.0, 3), (0, 0.0, 10)] {
+        redis.cli(&["FLUSHALL"]);
+        redis.cli(&["CONFIG", "RESETSTAT"]);
+        let s = Sluice::start(&config(
+            &redis_limiter(&redis, &format!("deny_cache = {cache}\ntimeout = \"1s\"")),
+            &policy("p", "gcra", 2, "1m", ""),
+            &[("a", "\"p\"")],
+        ));
+        let statuses: Vec<u16> = (0..10).map(|_| s.get("/a").status).collect();
+        assert_eq!(statuses, [200, 200, 429, 429, 429, 429, 429, 429, 429, 429], "deny_cache = {cache}");
+        assert_eq!(s.metric(r#"sluice_deny_cache_hits_total{policy="p"}"#), expected_hits);
+        let stats = redis.cli(&["INFO", "commandstats"]);
+        let calls: u64 = stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+            .sum();
+        assert_eq!(calls, expected_calls, "script calls with deny_cache = {cache}: {stats}");
+    }
+}
+
+/// Sends requests for about `span`, returning (status, latency) of each.
+fn traffic(s: &Sluice, path: &str, n: usize) -> Vec<(u16, Duration)> {
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            let status = s.get(path).status;
+            (status, t.elapsed())
+        })
+        .collect()
+}
+
+#[test]
+fn redis_down_with_on_error_allow_answers_quickly_and_counts() {
+    let mut redis = RedisServer::start();
+    let s = Sluice::start(&config(
+        &redis_limiter(&redis, "timeout = \"50ms\"\non_error = \"allow\""),
+        &policy("p", "gcra", 1000, "1m", ""),
+        &[("a", "\"p\"")],
+    ));
+    assert_eq!(s.get("/a").status, 200);
+    assert_eq!(http::get(s.admin, "/readyz", &[]).status, 200);
+    redis.kill();
+    let results = traffic(&s, "/a", 30);
+    assert!(results.iter().all(|(status, _)| *status == 200), "{results:?}");
+    // Every answer within the timeout plus slack; once the breaker is open, at once.
+    assert!(results.iter().all(|(_, d)| *d < Duration::from_millis(250)), "{results:?}");
+    let tail: Vec<Duration> = results[10..].iter().map(|(_, d)| *d).collect();
+    assert!(tail.iter().all(|d| *d < Duration::from_millis(40)), "breaker open: {tail:?}");
+    assert_eq!(s.metric(r#"sluice_decisions_total{decision="error_allowed",policy="p",route="a"}"#), 30.0);
+    assert_eq!(s.metric(r#"sluice_backend_up{backend="redis"}"#), 0.0);
+    assert_eq!(http::get(s.admin, "/readyz", &[]).status, 503);
+
+    // Back, empty and without scripts: limiting resumes within seconds.
+    redis.restart();
+    assert!(
+        s.wait_for(Duration::from_secs(10), || {
+            s.get("/a").status == 200 && s.metric(r#"sluice_backend_up{backend="redis"}"#) == 1.0
+        }),
+        "limiting did not resume"
+    );
+    assert!(redis.cli(&["KEYS", "sluice:*"]).contains("sluice:"), "state is in Redis again");
+    assert_eq!(http::get(s.admin, "/readyz", &[]).status, 200);
+}
+
+#[test]
+fn redis_down_with_on_error_deny_answers_503_problem() {
+    let mut redis = RedisServer::start();
+    let s = Sluice::start(&config(
+        &redis_limiter(&redis, "timeout = \"50ms\"\non_error = \"deny\""),
+        &policy("p", "gcra", 1000, "1m", ""),
+        &[("a", "\"p\"")],
+    ));
+    assert_eq!(s.get("/a").status, 200);
+    redis.kill();
+    for _ in 0..5 {
+        let r = s.get("/a");
+        assert_eq!(r.status, 503);
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert!(r.body.contains("\"status\":503"), "{}", r.body);
+    }
+    assert_eq!(s.metric(r#"sluice_decisions_total{decision="error_denied",policy="p",route="a"}"#), 5.0);
+}
+
+#[test]
+fn redis_down_with_on_error_local_limits_in_memory() {
+    let mut redis = RedisServer::start();
+    let s = Sluice::start(&config(
+        &redis_limiter(&redis, "timeout = \"50ms\"\non_error = \"local\""),
+        &policy("p", "fixed_window", 3, "1h", ""),
+        &[("a", "\"p\"")],
+    ));
+    redis.kill();
+    let statuses: Vec<u16> = (0..5).map(|_| s.get("/a").status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+}
+
+#[test]
+fn a_policy_on_error_overrides_the_limiter_default() {
+    let mut redis = RedisServer::start();
+    let policies = policy("open", "gcra", 1000, "1m", "") + &policy("closed", "gcra", 1000, "1m", "on_error = \"deny\"");
+    let s = Sluice::start(&config(
+        &redis_limiter(&redis, "timeout = \"50ms\"\non_error = \"allow\""),
+        &policies,
+        &[("o", "\"open\""), ("c", "\"closed\"")],
+    ));
+    redis.kill();
+    assert_eq!(s.get("/o").status, 200);
+    assert_eq!(s.get("/c").status, 503);
+}
+
+const SKEW: &str = "+2h";
+
+#[test]
+fn with_clock_redis_a_skewed_proxy_clock_changes_no_decision() {
+    let redis = RedisServer::start();
+    let run = |clock: &str| -> Vec<u16> {
+        redis.cli(&["FLUSHALL"]);
+        let template = config(
+            &redis_limiter(&redis, &format!("clock = \"{clock}\"\ntimeout = \"1s\"\ndeny_cache = 0")),
+            &policy("p", "fixed_window", 5, "1h", ""),
+            &[("a", "\"p\"")],
+        );
+        let honest = Sluice::start(&template);
+        // The same binary, its wall clock two hours ahead (monotonic time left alone).
+        let skewed = Sluice::start_wrapped(&template, &["faketime", "-f", SKEW], &[("FAKETIME_DONT_FAKE_MONOTONIC", "1")]);
+        let mut statuses: Vec<u16> = (0..3).map(|_| honest.get("/a").status).collect();
+        statuses.extend((0..3).map(|_| skewed.get("/a").status));
+        statuses
+    };
+    assert_eq!(run("redis"), [200, 200, 200, 200, 200, 429], "one shared window");
+    // The control: with clock = "local" the skewed instance counts in another window.
+    assert_eq!(run("local"), [200, 200, 200, 200, 200, 200], "faketime must skew the local clock");
+}
+
+#[test]
+fn every_algorithm_works_end_to_end_on_redis_and_leaves_no_key_without_ttl() {
+    let redis = RedisServer::start();
+    let algorithms = [
+        ("fixed_window", ""),
+        ("sliding_window", ""),
+        ("sliding_log", ""),
+        ("token_bucket", ""),
+        ("gcra", ""),
+        ("leaky_bucket", "burst = 1"),
+    ];
+    let policies: String = algorithms.iter().map(|(a, extra)| policy(a, a, 2, "10s", extra)).collect();
+    let mut routes: Vec<(String, String)> = algorithms.iter().map(|(a, _)| (a.to_string(), format!("\"{a}\""))).collect();
+    routes.push(("all".into(), algorithms.iter().map(|(a, _)| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")));
+    let routes: Vec<(&str, &str)> = routes.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let mut template = config(&redis_limiter(&redis, "timeout = \"1s\""), &policies, &routes);
+    template.push_str("[policies.conc]\nalgorithm = \"concurrency\"\nlimit = 2\nkey = [\"client_ip\"]\nlease = \"5s\"\n");
+    template.push_str("[[routes]]\nname = \"conc\"\npath = \"/conc\"\nrespond = { status = 200 }\npolicies = [\"conc\"]\n");
+    let s = Sluice::start(&template);
+    for (a, _) in &algorithms[..5] {
+        let statuses: Vec<u16> = (0..3).map(|_| s.get(&format!("/{a}")).status).collect();
+        assert_eq!(statuses, [200, 200, 429], "{a}");
+    }
+    // leaky_bucket: one now, one queued (waits 5 s), the third rejected.
+    assert_eq!(s.get("/leaky_bucket").status, 200);
+    for _ in 0..3 {
+        assert_eq!(s.get("/conc").status, 200, "slots are released after each response");
+    }
+    for _ in 0..3 {
+        s.get("/all");
+    }
+    let keys = redis.cli(&["--scan", "--pattern", "sluice:*"]);
+    let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+    assert!(keys.len() >= 7, "{keys:?}");
+    for key in keys {
+        let ttl: i64 = redis.cli(&["PTTL", key]).parse().unwrap_or(-3);
+        assert!(ttl > 0 && ttl <= 10_000 + 1_000 + 5_000 * 2, "{key} has PTTL {ttl}");
+    }
+}
