@@ -55,20 +55,35 @@ upstream = "a"
         a.addr, b.addr
     )));
     let body = |path: &str, host: &str| http::get(s.addr, path, &[("Host", host)]);
-    assert!(body("/v1/x?q=1", "localhost").body.starts_with("a GET /v1/x?q=1 "));
-    assert!(body("/v1/x", "API.example.com:8080").body.starts_with("b GET /v1/x "));
+    assert!(body("/v1/x?q=1", "localhost")
+        .body
+        .starts_with("a GET /v1/x?q=1 "));
+    assert!(body("/v1/x", "API.example.com:8080")
+        .body
+        .starts_with("b GET /v1/x "));
     assert!(body("/v1/x", "deep.sub.example.org").body.starts_with("b "));
     assert!(body("/v1/x", "example.org").body.starts_with("a "));
-    assert!(body("/users/42", "localhost").body.starts_with("b GET /users/42"));
+    assert!(body("/users/42", "localhost")
+        .body
+        .starts_with("b GET /users/42"));
     let post = http::request(s.addr, "POST", "/users/42", &[], "");
     assert_eq!(post.status, 404, "method does not match");
     let hello = body("/hello", "localhost");
     assert_eq!((hello.status, hello.body.as_str()), (201, "hi\n"));
     assert_eq!(hello.header("content-type"), Some("text/x-hi"));
     assert_eq!(body("/nope", "localhost").status, 404);
-    assert_eq!(s.metric(r#"sluice_http_requests_total{route="unmatched",status="404"}"#), 2.0);
-    assert_eq!(s.metric(r#"sluice_http_requests_total{route="hello",status="201"}"#), 1.0);
-    assert_eq!(s.metric(r#"sluice_http_requests_total{route="v1",status="200"}"#), 2.0);
+    assert_eq!(
+        s.metric(r#"sluice_http_requests_total{route="unmatched",status="404"}"#),
+        2.0
+    );
+    assert_eq!(
+        s.metric(r#"sluice_http_requests_total{route="hello",status="201"}"#),
+        1.0
+    );
+    assert_eq!(
+        s.metric(r#"sluice_http_requests_total{route="v1",status="200"}"#),
+        2.0
+    );
 }
 
 #[test]
@@ -78,9 +93,18 @@ fn upstream_sees_method_path_query_body_and_forwarded_for() {
         "[upstreams.u]\nservers = [\"{}\"]\n[[routes]]\nname = \"all\"\nupstream = \"u\"\n",
         up.addr
     )));
-    let r = http::request(s.addr, "PUT", "/a/b?x=1&y=2", &[("X-Forwarded-For", "203.0.113.9")], "hello body");
+    let r = http::request(
+        s.addr,
+        "PUT",
+        "/a/b?x=1&y=2",
+        &[("X-Forwarded-For", "203.0.113.9")],
+        "hello body",
+    );
     assert_eq!(r.status, 200);
-    assert_eq!(r.body, "u PUT /a/b?x=1&y=2 xff=203.0.113.9, 127.0.0.1 body=10\n");
+    assert_eq!(
+        r.body,
+        "u PUT /a/b?x=1&y=2 xff=203.0.113.9, 127.0.0.1 body=10\n"
+    );
     let r = http::get(s.addr, "/", &[]);
     assert!(r.body.contains("xff=127.0.0.1 "), "{}", r.body);
 }
@@ -141,8 +165,15 @@ fn a_dead_upstream_gives_502_quickly() {
     let started = Instant::now();
     let r = s.get("/");
     assert_eq!(r.status, 502);
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
-    assert_eq!(s.metric(r#"sluice_http_requests_total{route="all",status="502"}"#), 1.0);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        s.metric(r#"sluice_http_requests_total{route="all",status="502"}"#),
+        1.0
+    );
 }
 
 const RELOAD_A: &str = r#"
@@ -183,14 +214,23 @@ fn sighup_reloads_good_configs_and_keeps_the_old_one_on_bad() {
 
     s.reload(&base(RELOAD_B));
     assert!(s.wait_for(Duration::from_secs(5), || s.get("/x").body == "two\n"));
-    assert_eq!(s.metric(r#"sluice_config_reloads_total{result="success"}"#), 1.0);
+    assert_eq!(
+        s.metric(r#"sluice_config_reloads_total{result="success"}"#),
+        1.0
+    );
 
-    s.reload(&base("[[routes]]\nname = \"bad\"\nupstream = \"nowhere\"\n"));
+    s.reload(&base(
+        "[[routes]]\nname = \"bad\"\nupstream = \"nowhere\"\n",
+    ));
     assert!(s.wait_for(Duration::from_secs(5), || {
         s.metric(r#"sluice_config_reloads_total{result="failure"}"#) == 1.0
     }));
     assert_eq!(s.get("/x").body, "two\n", "the old config stays in force");
-    assert!(s.stderr().contains("unknown upstream \"nowhere\""), "{}", s.stderr());
+    assert!(
+        s.stderr().contains("unknown upstream \"nowhere\""),
+        "{}",
+        s.stderr()
+    );
 
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (n, failures) = hammer.join().expect("hammer thread");
@@ -216,7 +256,11 @@ fn sigterm_drains_in_flight_requests_then_exits_zero() {
     assert_eq!(r.status, 200, "the in-flight request finished");
     let status = s.child.wait().expect("wait for exit");
     assert!(status.success(), "{status}");
-    assert!(started.elapsed() < Duration::from_secs(2), "exited once drained: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "exited once drained: {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -226,7 +270,11 @@ fn sigterm_with_nothing_in_flight_exits_at_once() {
     s.signal("TERM");
     let status = s.child.wait().expect("wait for exit");
     assert!(status.success());
-    assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -244,8 +292,15 @@ fn admin_endpoints_answer() {
 fn access_log_lines_are_json_with_route_status_and_client() {
     let s = Sluice::start(&base(RELOAD_A));
     assert_eq!(s.get("/x").status, 200);
-    assert!(s.wait_for(Duration::from_secs(2), || s.stdout().contains("\"route\":\"one\"")));
-    let line = s.stdout().lines().find(|l| l.contains("\"route\":\"one\"")).unwrap_or_default().to_owned();
+    assert!(s.wait_for(Duration::from_secs(2), || s
+        .stdout()
+        .contains("\"route\":\"one\"")));
+    let line = s
+        .stdout()
+        .lines()
+        .find(|l| l.contains("\"route\":\"one\""))
+        .unwrap_or_default()
+        .to_owned();
     let v: serde_json::Value = serde_json::from_str(&line).expect("json access log");
     assert_eq!(v["status"], 200);
     assert_eq!(v["client_ip"], "127.0.0.1");
@@ -291,7 +346,11 @@ policies = ["h"]
     if let Ok(mut c) = TcpStream::connect(s.addr) {
         let _ = c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Partial: ");
     }
-    assert_eq!(s.get("/after").status, 200, "still serving after hostile input");
+    assert_eq!(
+        s.get("/after").status,
+        200,
+        "still serving after hostile input"
+    );
     assert!(s.child_alive());
 }
 
@@ -324,6 +383,10 @@ policies = ["per_ip"]
         assert_eq!(r.status, 200, "client {ip} has its own bucket");
     }
     // The newest clients are still tracked: a second request is over the limit.
-    assert_eq!(s.get_with("/", &[("X-Forwarded-For", "10.0.11.183")]).status, 429);
+    assert_eq!(
+        s.get_with("/", &[("X-Forwarded-For", "10.0.11.183")])
+            .status,
+        429
+    );
     assert!(s.child_alive());
 }

@@ -352,7 +352,7 @@ pub fn acquire(rule: &Rule, state: Option<&State>, now: u64, id: u64) -> (Verdic
         Some(State::Leases(l)) => l.iter().copied().filter(|(_, exp)| *exp > now).collect(),
         _ => Vec::new(),
     };
-    let allowed = leases.len() as u64 + 1 <= rule.limit;
+    let allowed = (leases.len() as u64) < rule.limit;
     if allowed && id != 0 {
         leases.push((id, now + rule.lease_ms));
     }

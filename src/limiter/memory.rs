@@ -116,7 +116,7 @@ impl MemoryBackend {
 impl Shard {
     fn insert(&mut self, key: String, state: State, expires: u64, now: u64, capacity: usize) {
         self.inserts += 1;
-        if self.inserts % SWEEP_EVERY == 0 {
+        if self.inserts.is_multiple_of(SWEEP_EVERY) {
             self.map.retain(|_, e| e.expires > now);
         }
         if self.map.len() >= capacity && !self.map.contains_key(&key) {

@@ -278,6 +278,7 @@ async fn decide_across_slots(
             .filter(|(_, v)| v.allowed)
             .map(|(&i, _)| checks[i].clone())
             .collect();
+        eprintln!("DEBUG refund {} checks", charged.len());
         let (mut conn, charged_at) = (conn.clone(), reply.now);
         refunds.push(tokio::spawn(async move {
             let result = call(&mut conn, Mode::Refund { charged_at }, &charged, now).await;

@@ -298,7 +298,7 @@ impl ProxyHttp for Proxy {
         }
         let format = gateway.config.server.access_log;
         if format != AccessLog::Off {
-            access_log(format, session, ctx, &gateway, &route, status, elapsed);
+            access_log(format, session, ctx, gateway, &route, status, elapsed);
         }
     }
 }
