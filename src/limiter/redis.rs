@@ -6,12 +6,16 @@
 //! timeout and circuit breaker; the bounds here only keep a dead peer from holding
 //! resources.
 //!
+//! Every call runs as a task on the runtime that called `connect` (sluice's long-lived I/O
+//! runtime), whichever runtime asks: connections and their reconnections live there, and a
+//! caller that gives up (its timeout) cannot stop a call halfway.
+//!
 //! Cluster: checks whose keys share a slot are decided in one atomic call. When a request
 //! spans several slots, every group is first asked read-only ("peek"); only when all allow
 //! are they charged, and if one then denies (another request got in between) the groups
-//! already charged are refunded. That runs in its own task, so a caller that gives up
-//! cannot stop it between a charge and its refund.
+//! already charged are refunded.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,8 +45,11 @@ pub struct RedisBackend {
     clock: ClockSource,
     /// Bounds connecting, one reply, and `ping`.
     io_timeout: Duration,
+    /// The runtime every call runs on.
+    io: tokio::runtime::Handle,
 }
 
+#[derive(Clone)]
 enum Store {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
@@ -93,8 +100,9 @@ impl RedisBackend {
             store,
             clock: cfg.clock,
             io_timeout,
+            io: tokio::runtime::Handle::current(),
         };
-        match tokio::time::timeout(io_timeout, backend.load_script()).await {
+        match tokio::time::timeout(io_timeout, backend.store.load_script()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 log::warn!("redis limiter backend not reachable yet ({e}); will keep trying")
@@ -106,8 +114,29 @@ impl RedisBackend {
         Ok(backend)
     }
 
+    /// The `now` a script is given: none when it reads Redis TIME itself.
+    fn script_now(&self, now_ms: u64) -> Option<u64> {
+        match self.clock {
+            ClockSource::Local => Some(now_ms),
+            ClockSource::Redis => None,
+        }
+    }
+
+    /// Runs `work` as a task on the backend's runtime.
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T, BackendError>> + Send + 'static,
+    ) -> Result<T, BackendError> {
+        self.io
+            .spawn(work)
+            .await
+            .map_err(|e| BackendError::Connection(format!("redis call did not finish: {e}")))?
+    }
+}
+
+impl Store {
     async fn load_script(&self) -> Result<(), BackendError> {
-        let result = match &self.store {
+        let result = match self {
             Store::Single(m) => scripts::SCRIPT.load_async(&mut m.clone()).await,
             Store::Cluster(c) => scripts::SCRIPT.load_async(&mut c.clone()).await,
             Store::Sentinel(s) => {
@@ -121,11 +150,53 @@ impl RedisBackend {
         result.map(|_| ()).map_err(|e| backend_error(&e))
     }
 
-    /// The `now` a script is given: none when it reads Redis TIME itself.
-    fn script_now(&self, now_ms: u64) -> Option<u64> {
-        match self.clock {
-            ClockSource::Local => Some(now_ms),
-            ClockSource::Redis => None,
+    async fn decide(self, checks: Vec<Check>, now: Option<u64>) -> Result<Vec<Verdict>, BackendError> {
+        match self {
+            Store::Single(mut m) => decide_one(&mut m, &checks, checks.len(), now).await,
+            Store::Sentinel(s) => {
+                let mut m = s.current()?;
+                let result = call(&mut m, Mode::Decide, &checks, now).await;
+                s.check(&result);
+                let values = result.map_err(|e| backend_error(&e))?;
+                Ok(scripts::decode(&values, checks.len())?.verdicts)
+            }
+            Store::Cluster(mut c) => {
+                let groups = by_slot(&checks);
+                if groups.len() == 1 {
+                    return decide_one(&mut c, &checks, checks.len(), now).await;
+                }
+                decide_across_slots(c, checks, groups, now).await
+            }
+        }
+    }
+
+    async fn release(self, key: String, lease: u64) -> Result<(), BackendError> {
+        let release = scripts::release_invocation(&key, lease);
+        let result: Result<Vec<i64>, RedisError> = match self {
+            Store::Single(mut m) => release.invoke_async(&mut m).await,
+            Store::Cluster(mut c) => release.invoke_async(&mut c).await,
+            Store::Sentinel(s) => {
+                let result = release.invoke_async(&mut s.current()?).await;
+                s.check(&result);
+                result
+            }
+        };
+        result.map(|_| ()).map_err(|e| backend_error(&e))
+    }
+
+    async fn ping(self) -> bool {
+        let ping = redis::cmd("PING");
+        match self {
+            Store::Single(mut m) => ping.query_async::<String>(&mut m).await.is_ok(),
+            Store::Cluster(mut c) => ping.query_async::<String>(&mut c).await.is_ok(),
+            Store::Sentinel(s) => match s.current() {
+                Ok(mut m) => {
+                    let result = ping.query_async::<String>(&mut m).await;
+                    s.check(&result);
+                    result.is_ok()
+                }
+                Err(_) => false,
+            },
         }
     }
 }
@@ -140,62 +211,19 @@ impl Backend for RedisBackend {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let now = self.script_now(now_ms);
-        match &self.store {
-            Store::Single(m) => decide_one(&mut m.clone(), checks.iter(), checks.len(), now).await,
-            Store::Sentinel(s) => {
-                let mut m = s.current()?;
-                let result = call(&mut m, Mode::Decide, checks.iter(), now).await;
-                s.check(&result);
-                let values = result.map_err(|e| backend_error(&e))?;
-                Ok(scripts::decode(&values, checks.len())?.verdicts)
-            }
-            Store::Cluster(c) => {
-                let groups = by_slot(checks);
-                if groups.len() == 1 {
-                    return decide_one(&mut c.clone(), checks.iter(), checks.len(), now).await;
-                }
-                let (conn, checks) = (c.clone(), checks.to_vec());
-                tokio::spawn(decide_across_slots(conn, checks, groups, now))
-                    .await
-                    .map_err(|e| BackendError::Script(format!("multi-slot decision failed: {e}")))?
-            }
-        }
+        let (store, checks, now) = (self.store.clone(), checks.to_vec(), self.script_now(now_ms));
+        self.run(store.decide(checks, now)).await
     }
 
     async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError> {
-        let release = scripts::release_invocation(key, lease);
-        let result: Result<Vec<i64>, RedisError> = match &self.store {
-            Store::Single(m) => release.invoke_async(&mut m.clone()).await,
-            Store::Cluster(c) => release.invoke_async(&mut c.clone()).await,
-            Store::Sentinel(s) => {
-                let result = release.invoke_async(&mut s.current()?).await;
-                s.check(&result);
-                result
-            }
-        };
-        result.map(|_| ()).map_err(|e| backend_error(&e))
+        let (store, key) = (self.store.clone(), key.to_owned());
+        self.run(store.release(key, lease)).await
     }
 
     async fn ping(&self) -> bool {
-        let ping = redis::cmd("PING");
-        let answer = async {
-            match &self.store {
-                Store::Single(m) => ping.query_async::<String>(&mut m.clone()).await.is_ok(),
-                Store::Cluster(c) => ping.query_async::<String>(&mut c.clone()).await.is_ok(),
-                Store::Sentinel(s) => match s.current() {
-                    Ok(mut m) => {
-                        let result = ping.query_async::<String>(&mut m).await;
-                        s.check(&result);
-                        result.is_ok()
-                    }
-                    Err(_) => false,
-                },
-            }
-        };
-        tokio::time::timeout(self.io_timeout, answer)
-            .await
-            .unwrap_or(false)
+        let store = self.store.clone();
+        let answer = self.run(async move { Ok(store.ping().await) });
+        matches!(tokio::time::timeout(self.io_timeout, answer).await, Ok(Ok(true)))
     }
 }
 
@@ -278,7 +306,6 @@ async fn decide_across_slots(
             .filter(|(_, v)| v.allowed)
             .map(|(&i, _)| checks[i].clone())
             .collect();
-        eprintln!("DEBUG refund {} checks", charged.len());
         let (mut conn, charged_at) = (conn.clone(), reply.now);
         refunds.push(tokio::spawn(async move {
             let result = call(&mut conn, Mode::Refund { charged_at }, &charged, now).await;

@@ -26,8 +26,13 @@ impl Response {
 
 /// Sends raw request bytes and reads the whole response (the request should close).
 pub fn send_raw(addr: SocketAddr, raw: &[u8]) -> std::io::Result<Vec<u8>> {
+    send_raw_within(addr, raw, Duration::from_secs(15))
+}
+
+/// `send_raw`, giving up on the answer after `wait`.
+pub fn send_raw_within(addr: SocketAddr, raw: &[u8], wait: Duration) -> std::io::Result<Vec<u8>> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(15)))?;
+    s.set_read_timeout(Some(wait))?;
     s.write_all(raw)?;
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
