@@ -26,7 +26,10 @@ use sluice::limiter::memory::MemoryBackend;
 use sluice::limiter::redis::RedisBackend;
 
 fn wall_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
 }
 
 /// A manual clock that starts at the real present and never advances slower than the
@@ -115,7 +118,10 @@ struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         self.0 >> 33
     }
     fn below(&mut self, n: u64) -> u64 {
@@ -162,10 +168,18 @@ impl Twin {
         self.generation.get()
     }
 
-    async fn decide(&self, checks: &[Check], now: u64, context: &dyn Fn() -> String) -> Vec<Verdict> {
+    async fn decide(
+        &self,
+        checks: &[Check],
+        now: u64,
+        context: &dyn Fn() -> String,
+    ) -> Vec<Verdict> {
         let checks: Vec<Check> = checks
             .iter()
-            .map(|c| Check { key: self.scoped(&c.key), ..c.clone() })
+            .map(|c| Check {
+                key: self.scoped(&c.key),
+                ..c.clone()
+            })
             .collect();
         let started = Instant::now();
         let got = self
@@ -174,7 +188,11 @@ impl Twin {
             .await
             .unwrap_or_else(|e| panic!("redis backend failed ({e}) at {}", context()));
         let took = started.elapsed();
-        let want = self.memory.decide(&checks, now).await.expect("memory backend");
+        let want = self
+            .memory
+            .decide(&checks, now)
+            .await
+            .expect("memory backend");
         if got != want && took >= Duration::from_millis(1) {
             self.excused.set(self.excused.get() + 1);
             assert!(
@@ -190,14 +208,25 @@ impl Twin {
             self.generation.set(self.generation.get() + 1);
             return want;
         }
-        assert_eq!(got, want, "redis (left) and memory (right) differ at {}", context());
+        assert_eq!(
+            got,
+            want,
+            "redis (left) and memory (right) differ at {}",
+            context()
+        );
         want
     }
 
     async fn release(&self, key: &str, lease: u64) {
         let key = self.scoped(key);
-        self.memory.release(&key, lease).await.expect("memory release");
-        self.redis.release(&key, lease).await.expect("redis release");
+        self.memory
+            .release(&key, lease)
+            .await
+            .expect("memory release");
+        self.redis
+            .release(&key, lease)
+            .await
+            .expect("redis release");
     }
 }
 
@@ -272,7 +301,9 @@ async fn single_checks_match_on_random_sequences() {
                 let cost = step_cost(&mut rng, r.limit);
                 let c = check(&k, r, cost, true, step + 1);
                 let v = twin
-                    .decide(std::slice::from_ref(&c), now, &|| format!("{r:?} step {step} now {now} cost {cost}"))
+                    .decide(std::slice::from_ref(&c), now, &|| {
+                        format!("{r:?} step {step} now {now} cost {cost}")
+                    })
                     .await;
                 if algorithm == Algorithm::Concurrency && v[0].allowed {
                     held.push(step + 1);
@@ -312,8 +343,10 @@ async fn edge_cases_match() {
         for (i, (at, cost)) in plan.into_iter().enumerate() {
             let now = clock.to(at);
             let c = check(&k, r, cost, true, i as u64 + 1);
-            twin.decide(&[c], now, &|| format!("{algorithm:?} step {i} now {now} cost {cost}"))
-                .await;
+            twin.decide(&[c], now, &|| {
+                format!("{algorithm:?} step {i} now {now} cost {cost}")
+            })
+            .await;
         }
     }
 }
@@ -358,11 +391,22 @@ async fn batches_match_all_or_nothing() {
             .enumerate()
             .map(|(j, &i)| {
                 let (k, r) = &pool[i];
-                check(k, *r, 1 + rng.below(2), rng.below(4) != 0, step * 10 + j as u64 + 1)
+                check(
+                    k,
+                    *r,
+                    1 + rng.below(2),
+                    rng.below(4) != 0,
+                    step * 10 + j as u64 + 1,
+                )
             })
             .collect();
-        let verdicts = twin.decide(&checks, now, &|| format!("batch {step} now {now}")).await;
-        let passed = checks.iter().zip(&verdicts).all(|(c, v)| v.allowed || !c.enforce);
+        let verdicts = twin
+            .decide(&checks, now, &|| format!("batch {step} now {now}"))
+            .await;
+        let passed = checks
+            .iter()
+            .zip(&verdicts)
+            .all(|(c, v)| v.allowed || !c.enforce);
         for (c, v) in checks.iter().zip(&verdicts) {
             if passed && v.allowed && c.rule.algorithm == Algorithm::Concurrency {
                 leases.push((c.key.clone(), c.lease));
@@ -401,7 +445,11 @@ async fn a_denied_batch_charges_nothing_and_shadow_never_blocks() {
     let v = twin.decide(&shadow, clock.now(), &ctx).await;
     assert!(v[0].allowed && v[1].allowed);
     let v = twin.decide(&shadow[1..], clock.now(), &ctx).await;
-    assert_eq!((v[0].allowed, v[0].remaining), (true, 0), "the allowing shadow check was not charged");
+    assert_eq!(
+        (v[0].allowed, v[0].remaining),
+        (true, 0),
+        "the allowing shadow check was not charged"
+    );
 }
 
 #[tokio::test]
@@ -414,7 +462,10 @@ async fn concurrency_acquire_release_and_lease_expiry_match() {
     let ctx = || "concurrency".to_owned();
     let acquire = |lease| [check(&k, r, 1, true, lease)];
     let mut clock = TestClock::new();
-    assert_eq!(twin.decide(&acquire(1), clock.now(), &ctx).await[0].remaining, 1);
+    assert_eq!(
+        twin.decide(&acquire(1), clock.now(), &ctx).await[0].remaining,
+        1
+    );
     let t3 = clock.now();
     assert!(twin.decide(&acquire(3), t3, &ctx).await[0].allowed);
     assert!(!twin.decide(&acquire(5), clock.now(), &ctx).await[0].allowed);
@@ -428,7 +479,11 @@ async fn concurrency_acquire_release_and_lease_expiry_match() {
     twin.release(&k, 11).await;
     twin.release(&k, 11).await;
     if twin.generation() == 0 {
-        assert_eq!(server.cli(&["exists", &k]), "0", "the last release deletes the set");
+        assert_eq!(
+            server.cli(&["exists", &k]),
+            "0",
+            "the last release deletes the set"
+        );
     }
 }
 
@@ -447,7 +502,8 @@ async fn noscript_reloads_and_retries() {
         }
         let now = clock.to(step_time(&mut rng, clock.sim, 1_000).min(clock.sim + 2_000));
         let c = check(&k, r, 1, true, 0);
-        twin.decide(&[c], now, &|| format!("step {step} after SCRIPT FLUSH")).await;
+        twin.decide(&[c], now, &|| format!("step {step} after SCRIPT FLUSH"))
+            .await;
     }
 }
 
@@ -459,17 +515,25 @@ async fn starts_without_redis_and_recovers() {
     server.kill();
     let started = Instant::now();
     let backend = connect(config::Backend::Redis(server.url()), ClockSource::Local).await;
-    assert!(started.elapsed() < Duration::from_secs(3), "connect blocked on a dead Redis");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "connect blocked on a dead Redis"
+    );
     let r = rule(Algorithm::FixedWindow, 5, 1_000, 5);
     let c = [check(&key("down", "p", &r), r, 1, true, 0)];
     let failed = tokio::time::timeout(Duration::from_secs(3), backend.decide(&c, wall_ms())).await;
-    assert!(matches!(failed, Ok(Err(_)) | Err(_)), "a dead Redis decided: {failed:?}");
+    assert!(
+        matches!(failed, Ok(Err(_)) | Err(_)),
+        "a dead Redis decided: {failed:?}"
+    );
     assert!(!backend.ping().await);
 
     server.restart();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Ok(Ok(v)) = tokio::time::timeout(Duration::from_secs(1), backend.decide(&c, wall_ms())).await {
+        if let Ok(Ok(v)) =
+            tokio::time::timeout(Duration::from_secs(1), backend.decide(&c, wall_ms())).await
+        {
             assert!(v[0].allowed);
             break;
         }
@@ -482,7 +546,10 @@ async fn starts_without_redis_and_recovers() {
     server.restart();
     let deadline = Instant::now() + Duration::from_secs(10);
     while backend.decide(&c, wall_ms()).await.is_err() {
-        assert!(Instant::now() < deadline, "the backend did not recover from a restart");
+        assert!(
+            Instant::now() < deadline,
+            "the backend did not recover from a restart"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -527,7 +594,13 @@ async fn every_key_expires() {
             let k = key(&format!("leak{}", rng.below(4)), &format!("r{n}"), &r);
             if checks.iter().all(|c| c.key != k) {
                 bounds.insert(k.clone(), ttl_bound(&r, MAX_COST));
-                checks.push(check(&k, r, rng.below(MAX_COST + 1), rng.below(5) != 0, step * 10 + j + 1));
+                checks.push(check(
+                    &k,
+                    r,
+                    rng.below(MAX_COST + 1),
+                    rng.below(5) != 0,
+                    step * 10 + j + 1,
+                ));
             }
         }
         let verdicts = backend.decide(&checks, 0).await.expect("decide");
@@ -542,28 +615,81 @@ async fn every_key_expires() {
     }
     let mut con = server.connection();
     let keys: Vec<String> = redis::cmd("KEYS").arg("t:*").query(&mut con).expect("KEYS");
-    assert!(keys.len() > 20, "the workload left too few keys to judge: {keys:?}");
+    assert!(
+        keys.len() > 20,
+        "the workload left too few keys to judge: {keys:?}"
+    );
     for k in &keys {
         // -1: no TTL (a leak); -2: expired since KEYS listed it; 0: expiring this millisecond.
         let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut con).expect("PTTL");
         assert!(ttl != -1, "{k} has no TTL");
         let bound = bounds[k.strip_suffix(":total").unwrap_or(k)];
-        assert!(ttl <= bound as i64, "{k} lives {ttl} ms, longer than its state can need ({bound} ms)");
+        assert!(
+            ttl <= bound as i64,
+            "{k} lives {ttl} ms, longer than its state can need ({bound} ms)"
+        );
     }
     let longest = bounds.values().copied().max().unwrap_or(0);
     let deadline = wall_ms() + longest + 2_000;
     loop {
         let left: Vec<String> = keys
             .iter()
-            .filter(|k| redis::cmd("EXISTS").arg(*k).query::<i64>(&mut con).expect("EXISTS") == 1)
+            .filter(|k| {
+                redis::cmd("EXISTS")
+                    .arg(*k)
+                    .query::<i64>(&mut con)
+                    .expect("EXISTS")
+                    == 1
+            })
             .cloned()
             .collect();
         let scanned: Vec<String> = redis::cmd("KEYS").arg("t:*").query(&mut con).expect("KEYS");
         if left.is_empty() && scanned.is_empty() {
             break;
         }
-        assert!(wall_ms() < deadline, "keys outlived their TTL: {left:?} {scanned:?}");
+        assert!(
+            wall_ms() < deadline,
+            "keys outlived their TTL: {left:?} {scanned:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `redis://user:password@host:port/db`: an ACL user limited to the key prefix, and a db.
+#[tokio::test]
+async fn acl_user_password_and_db_come_from_the_url() {
+    let server = RedisServer::start_with(&["--requirepass", "admin-pw"]);
+    let admin = ["-a", "admin-pw", "--no-auth-warning"];
+    let setuser = [
+        &admin[..],
+        &[
+            "acl",
+            "setuser",
+            "sluice",
+            "on",
+            ">sluice-pw",
+            "~t:*",
+            "+@all",
+        ],
+    ]
+    .concat();
+    assert_eq!(server.cli(&setuser), "OK");
+    let url = format!("redis://sluice:sluice-pw@127.0.0.1:{}/2", server.port());
+    let twin = Twin::new(connect(config::Backend::Redis(url), ClockSource::Local).await);
+    let mut clock = TestClock::new();
+    for algorithm in Algorithm::ALL {
+        let r = rule(algorithm, 2, 1_000, 2);
+        let k = key("acl", "p", &r);
+        for step in 0..3 {
+            let now = clock.to(clock.sim + 10);
+            twin.decide(&[check(&k, r, 1, true, step + 1)], now, &|| {
+                format!("{algorithm:?} {step}")
+            })
+            .await;
+        }
+        let scoped = twin.scoped(&k);
+        let exists = [&admin[..], &["-n", "2", "exists", &scoped]].concat();
+        assert_eq!(server.cli(&exists), "1", "{algorithm:?}: state is in db 2");
     }
 }
 
@@ -582,10 +708,16 @@ async fn sentinel_finds_the_master() {
     let mut clock = TestClock::new();
     for step in 0..10u64 {
         let now = clock.to(clock.sim + 150);
-        twin.decide(&[check(&k, r, 1, true, 0)], now, &|| format!("sentinel step {step}"))
-            .await;
+        twin.decide(&[check(&k, r, 1, true, 0)], now, &|| {
+            format!("sentinel step {step}")
+        })
+        .await;
     }
-    assert_eq!(master.cli(&["exists", &twin.scoped(&k)]), "1", "state lives on the master");
+    assert_eq!(
+        master.cli(&["exists", &twin.scoped(&k)]),
+        "1",
+        "state lives on the master"
+    );
 }
 
 /// A 3-master cluster: batches whose keys sit on different slots keep the all-or-nothing
@@ -597,7 +729,13 @@ async fn cluster_batches_across_slots_match_and_refund() {
     let seeds = cluster.seeds();
     let slot = |k: &str| cluster.cli(&["cluster", "keyslot", k]);
     let backend = Arc::new(connect(config::Backend::Cluster(seeds), ClockSource::Local).await);
-    let twin = Twin::new(connect(config::Backend::Cluster(cluster.seeds()), ClockSource::Local).await);
+    let twin = Twin::new(
+        connect(
+            config::Backend::Cluster(cluster.seeds()),
+            ClockSource::Local,
+        )
+        .await,
+    );
 
     // Sequential batches over three tags on three slots, compared call by call.
     let tags = ["alpha", "beta", "gamma"];
@@ -610,7 +748,11 @@ async fn cluster_batches_across_slots_match_and_refund() {
         })
         .collect();
     let slots: std::collections::HashSet<String> = pool.iter().map(|(k, _)| slot(k)).collect();
-    assert_eq!(slots.len(), 3, "the test keys should spread over three slots");
+    assert_eq!(
+        slots.len(),
+        3,
+        "the test keys should spread over three slots"
+    );
     let mut rng = Rng(11);
     let mut clock = TestClock::new();
     for step in 0..200u64 {
@@ -624,9 +766,19 @@ async fn cluster_batches_across_slots_match_and_refund() {
         }
         let checks: Vec<Check> = chosen
             .iter()
-            .map(|&i| check(&pool[i].0, pool[i].1, 1, rng.below(5) != 0, step * 10 + i as u64 + 1))
+            .map(|&i| {
+                check(
+                    &pool[i].0,
+                    pool[i].1,
+                    1,
+                    rng.below(5) != 0,
+                    step * 10 + i as u64 + 1,
+                )
+            })
             .collect();
-        let verdicts = twin.decide(&checks, now, &|| format!("cluster batch {step}")).await;
+        let verdicts = twin
+            .decide(&checks, now, &|| format!("cluster batch {step}"))
+            .await;
         for (c, v) in checks.iter().zip(&verdicts) {
             if c.rule.algorithm == Algorithm::Concurrency && v.allowed {
                 twin.release(&c.key, c.lease).await;
@@ -652,7 +804,9 @@ async fn cluster_batches_across_slots_match_and_refund() {
                     check(&wide_key, wide, 1, true, 1_000 + i),
                     check(&narrow_key, narrow, 1, true, 0),
                 ];
-                tokio::spawn(async move { backend.decide(&checks, now).await.expect("race decide") })
+                tokio::spawn(
+                    async move { backend.decide(&checks, now).await.expect("race decide") },
+                )
             })
             .collect();
         let mut passed = 0;
@@ -665,11 +819,17 @@ async fn cluster_batches_across_slots_match_and_refund() {
         assert_eq!(passed, 10, "{algorithm:?}: all or nothing across slots");
         let memory = MemoryBackend::new(1_000);
         for i in 0..10 {
-            memory.decide(&[check(&wide_key, wide, 1, true, 5_000 + i)], now).await.expect("memory");
+            memory
+                .decide(&[check(&wide_key, wide, 1, true, 5_000 + i)], now)
+                .await
+                .expect("memory");
         }
         let probe = [check(&wide_key, wide, 1, true, 9_999)];
         let want = memory.decide(&probe, now).await.expect("memory probe");
         let got = backend.decide(&probe, now).await.expect("redis probe");
-        assert_eq!(got, want, "{algorithm:?}: charges left behind after the race");
+        assert_eq!(
+            got, want,
+            "{algorithm:?}: charges left behind after the race"
+        );
     }
 }

@@ -174,9 +174,25 @@ fn a_policy_on_error_overrides_the_limiter_default() {
 
 const SKEW: &str = "+2h";
 
+/// libfaketime, preloaded directly: the `faketime` wrapper forks, so killing it would
+/// leave sluice running.
+fn libfaketime() -> String {
+    let found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|d| d.path().join("faketime/libfaketime.so.1"))
+        .find(|p| p.exists());
+    found
+        .expect("libfaketime is missing: apt-get install faketime (or make deps)")
+        .display()
+        .to_string()
+}
+
 #[test]
 fn with_clock_redis_a_skewed_proxy_clock_changes_no_decision() {
     let redis = RedisServer::start();
+    let libfaketime = libfaketime();
     let run = |clock: &str| -> Vec<u16> {
         redis.cli(&["FLUSHALL"]);
         let template = config(
@@ -186,7 +202,8 @@ fn with_clock_redis_a_skewed_proxy_clock_changes_no_decision() {
         );
         let honest = Sluice::start(&template);
         // The same binary, its wall clock two hours ahead (monotonic time left alone).
-        let skewed = Sluice::start_wrapped(&template, &["faketime", "-f", SKEW], &[("FAKETIME_DONT_FAKE_MONOTONIC", "1")]);
+        let env = [("LD_PRELOAD", libfaketime.as_str()), ("FAKETIME", SKEW), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")];
+        let skewed = Sluice::start_with_env(&template, &env);
         let mut statuses: Vec<u16> = (0..3).map(|_| honest.get("/a").status).collect();
         statuses.extend((0..3).map(|_| skewed.get("/a").status));
         statuses

@@ -150,7 +150,11 @@ impl Store {
         result.map(|_| ()).map_err(|e| backend_error(&e))
     }
 
-    async fn decide(self, checks: Vec<Check>, now: Option<u64>) -> Result<Vec<Verdict>, BackendError> {
+    async fn decide(
+        self,
+        checks: Vec<Check>,
+        now: Option<u64>,
+    ) -> Result<Vec<Verdict>, BackendError> {
         match self {
             Store::Single(mut m) => decide_one(&mut m, &checks, checks.len(), now).await,
             Store::Sentinel(s) => {
@@ -223,7 +227,10 @@ impl Backend for RedisBackend {
     async fn ping(&self) -> bool {
         let store = self.store.clone();
         let answer = self.run(async move { Ok(store.ping().await) });
-        matches!(tokio::time::timeout(self.io_timeout, answer).await, Ok(Ok(true)))
+        matches!(
+            tokio::time::timeout(self.io_timeout, answer).await,
+            Ok(Ok(true))
+        )
     }
 }
 

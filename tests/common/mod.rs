@@ -66,24 +66,12 @@ impl Sluice {
     }
 
     pub fn start_with_env(template: &str, env: &[(&str, &str)]) -> Sluice {
-        Self::start_wrapped(template, &[], env)
-    }
-
-    /// Starts sluice as an argument of `wrapper` (e.g. `["faketime", "+2h"]`).
-    pub fn start_wrapped(template: &str, wrapper: &[&str], env: &[(&str, &str)]) -> Sluice {
         let dir = TempDir::new();
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let config = dir.0.join("sluice.toml");
         std::fs::write(&config, render(template, addr, admin)).expect("write config");
-        let mut cmd = match wrapper.split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(SLUICE);
-                c
-            }
-            None => Command::new(SLUICE),
-        };
+        let mut cmd = Command::new(SLUICE);
         // Logs go to files: a full pipe nobody reads would block sluice.
         let stdout = std::fs::File::create(dir.0.join("stdout.log")).expect("stdout file");
         let stderr = std::fs::File::create(dir.0.join("stderr.log")).expect("stderr file");

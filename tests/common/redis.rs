@@ -17,7 +17,10 @@ fn require(binary: &str) {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    assert!(found, "`{binary}` is needed by the Redis tests but was not found: {INSTALL}");
+    assert!(
+        found,
+        "`{binary}` is needed by the Redis tests but was not found: {INSTALL}"
+    );
 }
 
 /// A TCP port nobody listens on right now.
@@ -138,7 +141,11 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        panic!("redis-server on port {} did not answer: {}", self.port, self.log());
+        panic!(
+            "redis-server on port {} did not answer: {}",
+            self.port,
+            self.log()
+        );
     }
 
     fn log(&self) -> String {
@@ -224,7 +231,10 @@ impl RedisCluster {
             .iter()
             .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
         {
-            assert!(Instant::now() < deadline, "the test cluster did not reach cluster_state:ok");
+            assert!(
+                Instant::now() < deadline,
+                "the test cluster did not reach cluster_state:ok"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         cluster
@@ -279,7 +289,13 @@ impl RedisSentinel {
         let log = std::fs::File::create(server.dir.0.join("redis.log")).expect("sentinel log file");
         let child = Command::new("redis-server")
             .arg(&file)
-            .args(["--sentinel", "--port", &server.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--sentinel",
+                "--port",
+                &server.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::null())
@@ -289,11 +305,20 @@ impl RedisSentinel {
         server.wait_until_up();
         let deadline = Instant::now() + Duration::from_secs(10);
         let want = master.port().to_string();
-        while !server.cli(&["sentinel", "get-master-addr-by-name", name]).contains(&want) {
-            assert!(Instant::now() < deadline, "sentinel does not name master {name}");
+        while !server
+            .cli(&["sentinel", "get-master-addr-by-name", name])
+            .contains(&want)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "sentinel does not name master {name}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        RedisSentinel { server, _conf: conf }
+        RedisSentinel {
+            server,
+            _conf: conf,
+        }
     }
 
     pub fn url(&self) -> String {
