@@ -1,5 +1,6 @@
-//! The Redis backend: limiter state in Redis (one server, Sentinel or Cluster), decided by the Lua script in `scripts`.
+//! The Redis backend: state in one Redis, a Sentinel's master or a Cluster, decided in Lua.
 //!
+//! Decisions are calls of the script in `scripts` (EVALSHA; NOSCRIPT loads it and retries).
 //! One multiplexed connection per backend (per node for Cluster), made lazily: a Redis that
 //! is down when sluice starts makes calls fail fast, not sluice fail to start, and the
 //! connection comes back by itself. The limiter layer bounds every call with its own
@@ -59,7 +60,8 @@ enum Store {
 impl RedisBackend {
     /// Builds the backend for `cfg` and, within a second or `cfg.timeout` if longer, loads the
     /// script. Fails only on a configuration that cannot work (a bad URL); an unreachable
-    /// Redis is logged, and calls fail until it answers.
+    /// Redis is logged, and calls fail until it answers. Call it on the runtime that should
+    /// own the connections: every later call runs there.
     pub async fn connect(cfg: &config::Limiter) -> Result<RedisBackend, BackendError> {
         let io_timeout = cfg
             .timeout

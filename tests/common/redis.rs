@@ -1,4 +1,4 @@
-//! Real `redis-server` processes for tests: one server, a 3-master cluster, or a Sentinel, on free ports, killed on drop.
+//! Real `redis-server` processes for tests (one server, a 3-master cluster, a Sentinel), killed on drop.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
