@@ -19,15 +19,8 @@
 -- Redis >= 5 replicates a script's effects, so reading TIME before writing is allowed;
 -- redis.replicate_commands() only matters on 3.2–4.x and is a no-op after that.
 
-local ALGORITHMS = {
-  fixed_window = fixed_window,
-  sliding_window = sliding_window,
-  sliding_log = sliding_log,
-  token_bucket = token_bucket,
-  gcra = gcra,
-  leaky_bucket = leaky_bucket,
-  concurrency = concurrency,
-}
+-- ALGORITHMS (name -> table of the algorithm files included) is generated just above
+-- this file by src/limiter/scripts.rs: a script holds only the algorithms its call uses.
 local FIELDS = 9
 
 local mode = ARGV[1]

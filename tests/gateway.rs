@@ -399,7 +399,11 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
         .current_dir(dir)
         .output()
         .expect("openssl is needed for the TLS test: apt-get install openssl");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -407,10 +411,60 @@ fn tls_upstream_is_verified_against_its_sni_name() {
     let dir = common::TempDir::new();
     let d = dir.0.as_path();
     // A private CA and a certificate valid only for "upstream.test".
-    openssl(d, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=sluice test CA"]);
-    openssl(d, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=upstream.test"]);
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=sluice test CA",
+        ],
+    );
+    openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "srv.key",
+            "-out",
+            "srv.csr",
+            "-subj",
+            "/CN=upstream.test",
+        ],
+    );
     std::fs::write(d.join("ext.cnf"), "subjectAltName=DNS:upstream.test\n").expect("write ext");
-    openssl(d, &["x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "ext.cnf"]);
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "srv.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "srv.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
     let portfile = d.join("port");
     let mut server = std::process::Command::new("python3")
         .arg("tests/tls_upstream.py")
@@ -430,9 +484,15 @@ fn tls_upstream_is_verified_against_its_sni_name() {
         ))
     };
     let ca = d.join("ca.pem").display().to_string();
-    let s = Sluice::start_with_env(&template("upstream.test"), &[("SSL_CERT_FILE", ca.as_str())]);
+    let s = Sluice::start_with_env(
+        &template("upstream.test"),
+        &[("SSL_CERT_FILE", ca.as_str())],
+    );
     let r = s.get("/secure?x=1");
-    assert_eq!((r.status, r.body.as_str()), (200, "tls sni=upstream.test path=/secure?x=1\n"));
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (200, "tls sni=upstream.test path=/secure?x=1\n")
+    );
     // The wrong name fails verification: 502, not a silently trusted peer.
     let wrong = Sluice::start_with_env(&template("other.test"), &[("SSL_CERT_FILE", ca.as_str())]);
     assert_eq!(wrong.get("/secure").status, 502);

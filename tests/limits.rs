@@ -24,28 +24,54 @@ fn policy(name: &str, algorithm: &str, limit: u64, period: &str, key: &str, extr
     format!("[policies.{name}]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nperiod = \"{period}\"\nkey = [{key}]\n{extra}\n")
 }
 
-const COUNTING: [&str; 5] = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "gcra"];
+const COUNTING: [&str; 5] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+];
 
 #[test]
 fn each_counting_algorithm_admits_exactly_its_limit() {
-    let policies: String = COUNTING.iter().map(|a| policy(a, a, 5, "1h", "", "")).collect();
-    let routes: Vec<(String, String)> = COUNTING.iter().map(|a| (a.to_string(), format!("\"{a}\""))).collect();
-    let routes: Vec<(&str, &str)> = routes.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let policies: String = COUNTING
+        .iter()
+        .map(|a| policy(a, a, 5, "1h", "", ""))
+        .collect();
+    let routes: Vec<(String, String)> = COUNTING
+        .iter()
+        .map(|a| (a.to_string(), format!("\"{a}\"")))
+        .collect();
+    let routes: Vec<(&str, &str)> = routes
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
     let s = Sluice::start(&config("", &policies, &routes));
     for a in COUNTING {
         let statuses: Vec<u16> = (0..8).map(|_| s.get(&format!("/{a}")).status).collect();
         assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429], "{a}");
-        let allowed = format!(r#"sluice_decisions_total{{decision="allowed",policy="{a}",route="{a}"}}"#);
-        let rejected = format!(r#"sluice_decisions_total{{decision="rejected",policy="{a}",route="{a}"}}"#);
+        let allowed =
+            format!(r#"sluice_decisions_total{{decision="allowed",policy="{a}",route="{a}"}}"#);
+        let rejected =
+            format!(r#"sluice_decisions_total{{decision="rejected",policy="{a}",route="{a}"}}"#);
         assert_eq!((s.metric(&allowed), s.metric(&rejected)), (5.0, 3.0), "{a}");
     }
 }
 
 #[test]
 fn two_hundred_at_once_against_fifty_admit_exactly_fifty() {
-    let policies: String = COUNTING.iter().map(|a| policy(a, a, 50, "1h", "", "")).collect();
-    let routes: Vec<(String, String)> = COUNTING.iter().map(|a| (a.to_string(), format!("\"{a}\""))).collect();
-    let routes: Vec<(&str, &str)> = routes.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let policies: String = COUNTING
+        .iter()
+        .map(|a| policy(a, a, 50, "1h", "", ""))
+        .collect();
+    let routes: Vec<(String, String)> = COUNTING
+        .iter()
+        .map(|a| (a.to_string(), format!("\"{a}\"")))
+        .collect();
+    let routes: Vec<(&str, &str)> = routes
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
     let s = Sluice::start(&config("threads = 4", &policies, &routes));
     for a in COUNTING {
         let responses = burst(s.addr, 200, &format!("/{a}"), &[]);
@@ -56,18 +82,28 @@ fn two_hundred_at_once_against_fifty_admit_exactly_fifty() {
 
 #[test]
 fn ietf_headers_count_down_and_429_carries_problem_body() {
-    let s = Sluice::start(&config("", &policy("per_ip", "fixed_window", 3, "1h", "\"client_ip\"", ""), &[("a", "\"per_ip\"")]));
+    let s = Sluice::start(&config(
+        "",
+        &policy("per_ip", "fixed_window", 3, "1h", "\"client_ip\"", ""),
+        &[("a", "\"per_ip\"")],
+    ));
     for left in [2, 1, 0] {
         let r = s.get("/a");
         assert_eq!(r.status, 200);
         assert_eq!(r.header("ratelimit-policy"), Some("\"per_ip\";q=3;w=3600"));
         let state = r.header("ratelimit").unwrap_or_default().to_owned();
-        assert!(state.starts_with(&format!("\"per_ip\";r={left};t=")), "{state}");
+        assert!(
+            state.starts_with(&format!("\"per_ip\";r={left};t=")),
+            "{state}"
+        );
     }
     let r = s.get("/a");
     assert_eq!(r.status, 429);
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
-    let retry: u64 = r.header("retry-after").and_then(|v| v.parse().ok()).expect("Retry-After");
+    let retry: u64 = r
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
     assert!((1..=3600).contains(&retry), "{retry}");
     let body: serde_json::Value = serde_json::from_str(&r.body).expect("json body");
     assert_eq!(
@@ -83,28 +119,51 @@ fn ietf_headers_count_down_and_429_carries_problem_body() {
 
 #[test]
 fn legacy_headers_show_the_most_restrictive_policy() {
-    let policies = policy("wide", "gcra", 100, "1m", "", "") + &policy("narrow", "gcra", 4, "1m", "", "");
-    let s = Sluice::start(&config("headers = \"legacy\"", &policies, &[("a", "\"wide\", \"narrow\"")]));
+    let policies =
+        policy("wide", "gcra", 100, "1m", "", "") + &policy("narrow", "gcra", 4, "1m", "", "");
+    let s = Sluice::start(&config(
+        "headers = \"legacy\"",
+        &policies,
+        &[("a", "\"wide\", \"narrow\"")],
+    ));
     let r = s.get("/a");
     assert_eq!(r.header("x-ratelimit-limit"), Some("4"));
     assert_eq!(r.header("x-ratelimit-remaining"), Some("3"));
     assert_eq!(r.header("x-ratelimit-reset"), Some("15"));
     assert_eq!(r.header("ratelimit"), None);
-    let off = Sluice::start(&config("headers = \"off\"", &policies, &[("a", "\"wide\"")]));
+    let off = Sluice::start(&config(
+        "headers = \"off\"",
+        &policies,
+        &[("a", "\"wide\"")],
+    ));
     assert_eq!(off.get("/a").header("x-ratelimit-limit"), None);
     assert_eq!(off.get("/a").header("ratelimit"), None);
 }
 
 #[test]
 fn shadow_policies_never_block_but_are_counted() {
-    let s = Sluice::start(&config("", &policy("dry", "fixed_window", 2, "1h", "", "mode = \"shadow\""), &[("a", "\"dry\"")]));
+    let s = Sluice::start(&config(
+        "",
+        &policy("dry", "fixed_window", 2, "1h", "", "mode = \"shadow\""),
+        &[("a", "\"dry\"")],
+    ));
     for _ in 0..5 {
         let r = s.get("/a");
         assert_eq!(r.status, 200);
-        assert_eq!(r.header("ratelimit"), None, "shadow policies are left out of headers");
+        assert_eq!(
+            r.header("ratelimit"),
+            None,
+            "shadow policies are left out of headers"
+        );
     }
-    assert_eq!(s.metric(r#"sluice_decisions_total{decision="allowed",policy="dry",route="a"}"#), 2.0);
-    assert_eq!(s.metric(r#"sluice_decisions_total{decision="shadow_rejected",policy="dry",route="a"}"#), 3.0);
+    assert_eq!(
+        s.metric(r#"sluice_decisions_total{decision="allowed",policy="dry",route="a"}"#),
+        2.0
+    );
+    assert_eq!(
+        s.metric(r#"sluice_decisions_total{decision="shadow_rejected",policy="dry",route="a"}"#),
+        3.0
+    );
 }
 
 #[test]
@@ -113,21 +172,42 @@ fn a_request_denied_by_one_policy_charges_none() {
         + &policy("global", "fixed_window", 3, "1h", "", "");
     let s = Sluice::start(&config("", &policies, &[("a", "\"per_user\", \"global\"")]));
     let as_user = |u: &str| s.get_with("/a", &[("X-User", u)]).status;
-    assert_eq!([as_user("u1"), as_user("u1"), as_user("u1"), as_user("u1")], [200, 200, 429, 429]);
+    assert_eq!(
+        [as_user("u1"), as_user("u1"), as_user("u1"), as_user("u1")],
+        [200, 200, 429, 429]
+    );
     // Had u1's denied requests charged `global`, u2 would be refused now.
     assert_eq!(as_user("u2"), 200);
     assert_eq!(as_user("u3"), 429, "global is now spent: 3 admitted");
     let r = s.get_with("/a", &[("X-User", "u4")]);
-    assert!(r.body.contains("\"violated-policies\":[\"global\"]"), "{}", r.body);
+    assert!(
+        r.body.contains("\"violated-policies\":[\"global\"]"),
+        "{}",
+        r.body
+    );
 }
 
 #[test]
 fn exempt_networks_are_never_limited() {
-    let s = Sluice::start(&config("", &policy("p", "fixed_window", 1, "1h", "\"client_ip\"", "exempt = [\"127.0.0.0/8\"]"), &[("a", "\"p\"")]));
+    let s = Sluice::start(&config(
+        "",
+        &policy(
+            "p",
+            "fixed_window",
+            1,
+            "1h",
+            "\"client_ip\"",
+            "exempt = [\"127.0.0.0/8\"]",
+        ),
+        &[("a", "\"p\"")],
+    ));
     for _ in 0..5 {
         assert_eq!(s.get("/a").status, 200);
     }
-    assert_eq!(s.metric(r#"sluice_decisions_total{decision="exempt",policy="p",route="a"}"#), 5.0);
+    assert_eq!(
+        s.metric(r#"sluice_decisions_total{decision="exempt",policy="p",route="a"}"#),
+        5.0
+    );
 }
 
 #[test]
@@ -143,7 +223,10 @@ fn every_key_part_separates_buckets() {
         ("ip", "\"client_ip\""),
         ("rte", "\"route\""),
     ];
-    let policies: String = parts.iter().map(|(n, k)| policy(n, "fixed_window", 1, "1h", k, "")).collect();
+    let policies: String = parts
+        .iter()
+        .map(|(n, k)| policy(n, "fixed_window", 1, "1h", k, ""))
+        .collect();
     let mut template = config("trusted_proxies = [\"127.0.0.1/32\"]", &policies, &[]);
     for (n, _) in parts {
         template.push_str(&format!(
@@ -155,13 +238,33 @@ fn every_key_part_separates_buckets() {
     // (path, headers) for A, A again (limited), then B (a different value: its own bucket).
     type Req<'a> = (&'a str, Vec<(&'a str, &'a str)>);
     let cases: Vec<(&str, Req, Req)> = vec![
-        ("hdr", ("/hdr", vec![("X-Api-Key", "k1")]), ("/hdr", vec![("X-Api-Key", "k2")])),
+        (
+            "hdr",
+            ("/hdr", vec![("X-Api-Key", "k1")]),
+            ("/hdr", vec![("X-Api-Key", "k2")]),
+        ),
         ("qry", ("/qry?user=a", vec![]), ("/qry?user=b", vec![])),
-        ("cke", ("/cke", vec![("Cookie", "x=1; session=s1")]), ("/cke", vec![("Cookie", "session=s2")])),
+        (
+            "cke",
+            ("/cke", vec![("Cookie", "x=1; session=s1")]),
+            ("/cke", vec![("Cookie", "session=s2")]),
+        ),
         ("pth", ("/pth/a", vec![]), ("/pth/b", vec![])),
-        ("hst", ("/hst", vec![("Host", "a.example")]), ("/hst", vec![("Host", "b.example")])),
-        ("net", ("/net", vec![("X-Forwarded-For", "198.51.100.7")]), ("/net", vec![("X-Forwarded-For", "198.51.101.7")])),
-        ("ip", ("/ip", vec![("X-Forwarded-For", "198.51.100.7")]), ("/ip", vec![("X-Forwarded-For", "198.51.100.8")])),
+        (
+            "hst",
+            ("/hst", vec![("Host", "a.example")]),
+            ("/hst", vec![("Host", "b.example")]),
+        ),
+        (
+            "net",
+            ("/net", vec![("X-Forwarded-For", "198.51.100.7")]),
+            ("/net", vec![("X-Forwarded-For", "198.51.101.7")]),
+        ),
+        (
+            "ip",
+            ("/ip", vec![("X-Forwarded-For", "198.51.100.7")]),
+            ("/ip", vec![("X-Forwarded-For", "198.51.100.8")]),
+        ),
         ("rte", ("/rte", vec![]), ("/second", vec![])),
     ];
     for (name, (pa, ha), (pb, hb)) in cases {
@@ -170,7 +273,11 @@ fn every_key_part_separates_buckets() {
         assert_eq!(s.get_with(pb, &hb).status, 200, "{name} other value");
     }
     // Same /24: one bucket.
-    assert_eq!(s.get_with("/net", &[("X-Forwarded-For", "198.51.100.99")]).status, 429);
+    assert_eq!(
+        s.get_with("/net", &[("X-Forwarded-For", "198.51.100.99")])
+            .status,
+        429
+    );
     // method
     assert_eq!(http::request(s.addr, "GET", "/mth", &[], "").status, 200);
     assert_eq!(http::request(s.addr, "GET", "/mth", &[], "").status, 429);
@@ -178,42 +285,86 @@ fn every_key_part_separates_buckets() {
     // A missing part skips the policy by default.
     assert_eq!(s.get("/hdr").status, 200);
     assert_eq!(s.get("/hdr").status, 200);
-    assert_eq!(s.metric(r#"sluice_decisions_total{decision="skipped",policy="hdr",route="hdr"}"#), 2.0);
+    assert_eq!(
+        s.metric(r#"sluice_decisions_total{decision="skipped",policy="hdr",route="hdr"}"#),
+        2.0
+    );
 }
 
 #[test]
 fn forwarded_for_from_an_untrusted_peer_does_not_evade_client_ip_limits() {
-    let s = Sluice::start(&config("", &policy("ip", "gcra", 2, "1h", "\"client_ip\"", ""), &[("a", "\"ip\"")]));
+    let s = Sluice::start(&config(
+        "",
+        &policy("ip", "gcra", 2, "1h", "\"client_ip\"", ""),
+        &[("a", "\"ip\"")],
+    ));
     let statuses: Vec<u16> = (0..4)
-        .map(|i| s.get_with("/a", &[("X-Forwarded-For", &format!("203.0.113.{i}"))]).status)
+        .map(|i| {
+            s.get_with("/a", &[("X-Forwarded-For", &format!("203.0.113.{i}"))])
+                .status
+        })
         .collect();
     assert_eq!(statuses, [200, 200, 429, 429]);
 }
 
 #[test]
 fn on_missing_deny_and_shared() {
-    let policies = policy("deny", "fixed_window", 10, "1h", "\"header:x-key\"", "on_missing = \"deny\"\nstatus = 403")
-        + &policy("shared", "fixed_window", 2, "1h", "\"header:x-key\"", "on_missing = \"shared\"");
-    let s = Sluice::start(&config("", &policies, &[("d", "\"deny\""), ("s", "\"shared\"")]));
+    let policies = policy(
+        "deny",
+        "fixed_window",
+        10,
+        "1h",
+        "\"header:x-key\"",
+        "on_missing = \"deny\"\nstatus = 403",
+    ) + &policy(
+        "shared",
+        "fixed_window",
+        2,
+        "1h",
+        "\"header:x-key\"",
+        "on_missing = \"shared\"",
+    );
+    let s = Sluice::start(&config(
+        "",
+        &policies,
+        &[("d", "\"deny\""), ("s", "\"shared\"")],
+    ));
     let r = s.get("/d");
     assert_eq!(r.status, 403);
     assert!(r.body.contains("\"violated-policies\":[\"deny\"]"));
     assert_eq!(s.get_with("/d", &[("X-Key", "k")]).status, 200);
-    assert_eq!([s.get("/s").status, s.get("/s").status, s.get("/s").status], [200, 200, 429]);
+    assert_eq!(
+        [s.get("/s").status, s.get("/s").status, s.get("/s").status],
+        [200, 200, 429]
+    );
     assert_eq!(s.get_with("/s", &[("X-Key", "k")]).status, 200);
 }
 
 #[test]
 fn cost_charges_several_units() {
-    let s = Sluice::start(&config("", &policy("p", "token_bucket", 5, "1h", "", "cost = 2"), &[("a", "\"p\"")]));
-    assert_eq!([s.get("/a").status, s.get("/a").status, s.get("/a").status], [200, 200, 429]);
+    let s = Sluice::start(&config(
+        "",
+        &policy("p", "token_bucket", 5, "1h", "", "cost = 2"),
+        &[("a", "\"p\"")],
+    ));
+    assert_eq!(
+        [s.get("/a").status, s.get("/a").status, s.get("/a").status],
+        [200, 200, 429]
+    );
 }
 
 #[test]
 fn delay_mode_holds_requests_until_they_conform() {
     let s = Sluice::start(&config(
         "",
-        &policy("p", "gcra", 10, "1s", "", "burst = 1\non_exceed = \"delay\"\nmax_delay = \"350ms\""),
+        &policy(
+            "p",
+            "gcra",
+            10,
+            "1s",
+            "",
+            "burst = 1\non_exceed = \"delay\"\nmax_delay = \"350ms\"",
+        ),
         &[("a", "\"p\"")],
     ));
     let started = Instant::now();
@@ -221,13 +372,24 @@ fn delay_mode_holds_requests_until_they_conform() {
     // Waits of 0, 100, 200 and 300 ms fit in 350 ms; the rest are rejected.
     assert_eq!(count_status(&responses, 200), 4);
     assert_eq!(count_status(&responses, 429), 2);
-    assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
-    assert_eq!(s.metric(r#"sluice_decisions_total{decision="delayed",policy="p",route="a"}"#), 3.0);
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        s.metric(r#"sluice_decisions_total{decision="delayed",policy="p",route="a"}"#),
+        3.0
+    );
 }
 
 #[test]
 fn leaky_bucket_shapes_to_exactly_its_rate() {
-    let s = Sluice::start(&config("", &policy("p", "leaky_bucket", 10, "1s", "", "burst = 3"), &[("a", "\"p\"")]));
+    let s = Sluice::start(&config(
+        "",
+        &policy("p", "leaky_bucket", 10, "1s", "", "burst = 3"),
+        &[("a", "\"p\"")],
+    ));
     let started = Instant::now();
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(6));
     let addr = s.addr;
@@ -241,13 +403,27 @@ fn leaky_bucket_shapes_to_exactly_its_rate() {
             })
         })
         .collect();
-    let mut results: Vec<(u16, Duration)> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
+    let mut results: Vec<(u16, Duration)> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect();
     results.sort_by_key(|(_, d)| *d);
-    let passed: Vec<Duration> = results.iter().filter(|(s, _)| *s == 200).map(|(_, d)| *d).collect();
-    assert_eq!(passed.len(), 4, "one at once plus a queue of 3: {results:?}");
+    let passed: Vec<Duration> = results
+        .iter()
+        .filter(|(s, _)| *s == 200)
+        .map(|(_, d)| *d)
+        .collect();
+    assert_eq!(
+        passed.len(),
+        4,
+        "one at once plus a queue of 3: {results:?}"
+    );
     // Released one every 100 ms.
     for (i, d) in passed.iter().enumerate() {
-        assert!(*d >= Duration::from_millis(100 * i as u64), "request {i} left at {d:?}");
+        assert!(
+            *d >= Duration::from_millis(100 * i as u64),
+            "request {i} left at {d:?}"
+        );
     }
     assert!(passed[3] < Duration::from_millis(900), "{passed:?}");
 }
@@ -265,7 +441,10 @@ fn concurrency_slots_are_released_when_responses_end() {
     assert_eq!(count_status(&responses, 200), 2);
     assert_eq!(count_status(&responses, 429), 3);
     let ok = responses.iter().find(|r| r.status == 200).expect("a 200");
-    assert_eq!(ok.header("ratelimit-policy"), Some("\"c\";q=2;qu=\"concurrent-requests\""));
+    assert_eq!(
+        ok.header("ratelimit-policy"),
+        Some("\"c\";q=2;qu=\"concurrent-requests\"")
+    );
     // Slots came back when the responses ended.
     let responses = burst(s.addr, 2, "/", &[]);
     assert_eq!(count_status(&responses, 200), 2);
@@ -273,21 +452,39 @@ fn concurrency_slots_are_released_when_responses_end() {
     for _ in 0..2 {
         let mut c = std::net::TcpStream::connect(s.addr).expect("connect");
         use std::io::Write;
-        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("write");
         std::thread::sleep(Duration::from_millis(50));
         drop(c);
     }
     std::thread::sleep(Duration::from_millis(600));
     let responses = burst(s.addr, 2, "/", &[]);
-    assert_eq!(count_status(&responses, 200), 2, "slots of vanished clients were released");
+    assert_eq!(
+        count_status(&responses, 200),
+        2,
+        "slots of vanished clients were released"
+    );
 }
 
 #[test]
 fn a_reload_that_keeps_a_policy_keeps_its_counts() {
-    let template = config("", &policy("p", "fixed_window", 2, "1h", "", ""), &[("a", "\"p\"")]);
+    let template = config(
+        "",
+        &policy("p", "fixed_window", 2, "1h", "", ""),
+        &[("a", "\"p\"")],
+    );
     let s = Sluice::start(&template);
     assert_eq!([s.get("/a").status, s.get("/a").status], [200, 200]);
-    s.reload(&template.replace("respond = { status = 200, body = \"ok\\n\" }", "respond = { status = 200, body = \"new\\n\" }"));
-    assert!(s.wait_for(Duration::from_secs(5), || s.metric(r#"sluice_config_reloads_total{result="success"}"#) == 1.0));
-    assert_eq!(s.get("/a").status, 429, "the reload did not reset the limit");
+    s.reload(&template.replace(
+        "respond = { status = 200, body = \"ok\\n\" }",
+        "respond = { status = 200, body = \"new\\n\" }",
+    ));
+    assert!(s.wait_for(Duration::from_secs(5), || s
+        .metric(r#"sluice_config_reloads_total{result="success"}"#)
+        == 1.0));
+    assert_eq!(
+        s.get("/a").status,
+        429,
+        "the reload did not reset the limit"
+    );
 }

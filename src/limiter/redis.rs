@@ -139,12 +139,12 @@ impl RedisBackend {
 impl Store {
     async fn load_script(&self) -> Result<(), BackendError> {
         let result = match self {
-            Store::Single(m) => scripts::SCRIPT.load_async(&mut m.clone()).await,
-            Store::Cluster(c) => scripts::SCRIPT.load_async(&mut c.clone()).await,
+            Store::Single(m) => scripts::full_script().load_async(&mut m.clone()).await,
+            Store::Cluster(c) => scripts::full_script().load_async(&mut c.clone()).await,
             Store::Sentinel(s) => {
                 s.resolve().await?;
                 let mut m = s.current()?;
-                let result = scripts::SCRIPT.load_async(&mut m).await;
+                let result = scripts::full_script().load_async(&mut m).await;
                 s.check(&result);
                 result
             }

@@ -1,43 +1,88 @@
-//! The limiter's Lua script: its text, its SHA, and the KEYS/ARGV and reply of one call.
+//! The limiter's Lua scripts: their text, their SHAs, and the KEYS/ARGV and reply of one call.
 //!
-//! Assembly: Redis runs one script per call, but `lua/` keeps one file per algorithm. The
-//! script is their concatenation, fixed at build time with `include_str!`:
-//! `common.lua` (integer helpers), the seven algorithm files (each defines one `local`
-//! table of functions: `decide` reads, `store` charges, `refund` undoes one charge), and
-//! last `decide.lua`, the entry point that parses ARGV and runs them all or nothing. Every
-//! file opens with its contract; `decide.lua`'s is the one a caller sees. One text means one
-//! SHA to load and call with EVALSHA.
+//! Assembly: Redis runs one script per call, but `lua/` keeps one file per algorithm. A
+//! script is `common.lua` (integer helpers), the algorithm files a call needs (each defines
+//! one `local` table of functions: `decide` reads, `store` charges, `refund` undoes one
+//! charge), a generated `ALGORITHMS` table naming them, and last `decide.lua`, the entry
+//! point that parses ARGV and runs them all or nothing. Every file opens with its contract;
+//! `decide.lua`'s is the one a caller sees.
+//!
+//! Why one script per set of algorithms rather than one for all: Redis runs a script's
+//! top level on every call, and defining all seven algorithms' functions there tripled the
+//! server CPU of a one-policy decision. At most 2^7 sets exist; each is built and hashed
+//! once, on first use, and called by its SHA.
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use redis::{Script, ScriptInvocation};
 
 use super::algorithm::Verdict;
 use super::backend::{BackendError, Check};
+use crate::config::Algorithm;
 
-/// The whole script, in dependency order.
-pub(crate) const SOURCE: &str = concat!(
-    include_str!("../../lua/common.lua"),
-    "\n",
+const COMMON: &str = include_str!("../../lua/common.lua");
+const ENTRY: &str = include_str!("../../lua/decide.lua");
+
+/// Each algorithm's file, in `Algorithm::ALL` order.
+const FILES: [&str; 7] = [
     include_str!("../../lua/fixed_window.lua"),
-    "\n",
     include_str!("../../lua/sliding_window.lua"),
-    "\n",
     include_str!("../../lua/sliding_log.lua"),
-    "\n",
     include_str!("../../lua/token_bucket.lua"),
-    "\n",
     include_str!("../../lua/gcra.lua"),
-    "\n",
     include_str!("../../lua/leaky_bucket.lua"),
-    "\n",
     include_str!("../../lua/concurrency.lua"),
-    "\n",
-    include_str!("../../lua/decide.lua"),
-);
+];
 
-/// The script with its SHA1; `Script` calls EVALSHA and, on NOSCRIPT, loads it and retries once.
-pub(crate) static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
+/// A set of algorithms as bits in `Algorithm::ALL` order.
+type AlgorithmSet = usize;
+const EVERY_ALGORITHM: AlgorithmSet = (1 << FILES.len()) - 1;
+
+fn bit(algorithm: Algorithm) -> AlgorithmSet {
+    1 << Algorithm::ALL
+        .iter()
+        .position(|a| *a == algorithm)
+        .unwrap_or(0)
+}
+
+/// The script text for the algorithms in `set`.
+fn source(set: AlgorithmSet) -> String {
+    // leaky_bucket uses the arithmetic that gcra.lua defines.
+    let files = if set & bit(Algorithm::LeakyBucket) != 0 {
+        set | bit(Algorithm::Gcra)
+    } else {
+        set
+    };
+    let mut text = String::with_capacity(24 * 1024);
+    text.push_str(COMMON);
+    for (i, file) in FILES.iter().enumerate() {
+        if files & (1 << i) != 0 {
+            text.push('\n');
+            text.push_str(file);
+        }
+    }
+    text.push_str("\nlocal ALGORITHMS = {");
+    for (i, algorithm) in Algorithm::ALL.iter().enumerate() {
+        if set & (1 << i) != 0 {
+            text.push_str(&format!(" {0} = {0},", algorithm.name()));
+        }
+    }
+    text.push_str(" }\n");
+    text.push_str(ENTRY);
+    text
+}
+
+/// The script for the algorithms in `set`, built and hashed once.
+fn script(set: AlgorithmSet) -> &'static Script {
+    static SCRIPTS: [OnceLock<Script>; EVERY_ALGORITHM + 1] =
+        [const { OnceLock::new() }; EVERY_ALGORITHM + 1];
+    SCRIPTS[set & EVERY_ALGORITHM].get_or_init(|| Script::new(&source(set)))
+}
+
+/// The script that holds every algorithm: loaded at connect to check the server takes it.
+pub(crate) fn full_script() -> &'static Script {
+    script(EVERY_ALGORITHM)
+}
 
 /// Reply integers per check, after the two header integers (now, charged).
 const REPLY_FIELDS: usize = 5;
@@ -70,7 +115,9 @@ pub(crate) fn invocation<'c>(
     checks: impl IntoIterator<Item = &'c Check>,
     now: Option<u64>,
 ) -> ScriptInvocation<'static> {
-    let mut call = SCRIPT.prepare_invoke();
+    let checks: Vec<&Check> = checks.into_iter().collect();
+    let set = checks.iter().fold(0, |set, c| set | bit(c.rule.algorithm));
+    let mut call = script(set).prepare_invoke();
     let (name, charged_at) = match mode {
         Mode::Decide => ("decide", String::new()),
         Mode::Peek => ("peek", String::new()),
@@ -97,7 +144,7 @@ pub(crate) fn invocation<'c>(
 
 /// Frees concurrency lease `lease` under `key`.
 pub(crate) fn release_invocation(key: &str, lease: u64) -> ScriptInvocation<'static> {
-    let mut call = SCRIPT.prepare_invoke();
+    let mut call = script(bit(Algorithm::Concurrency)).prepare_invoke();
     call.key(key).arg("release").arg("").arg("").arg(lease);
     call
 }
@@ -140,15 +187,35 @@ mod tests {
     use crate::limiter::algorithm::Rule;
 
     #[test]
-    fn every_algorithm_file_is_in_the_script_and_the_entry_point_is_last() {
+    fn a_script_holds_exactly_the_algorithms_of_its_set() {
+        let all = source(EVERY_ALGORITHM);
         for algorithm in Algorithm::ALL {
             assert!(
-                SOURCE.contains(&format!("local {} = {{}}", algorithm.name())),
+                all.contains(&format!("local {} = {{}}", algorithm.name())),
                 "{algorithm:?}"
             );
+            let one = source(bit(algorithm));
+            assert!(
+                one.contains(&format!(" {0} = {0},", algorithm.name())),
+                "{algorithm:?}"
+            );
+            let others = Algorithm::ALL.iter().filter(|a| **a != algorithm);
+            for other in
+                others.filter(|a| !(algorithm == Algorithm::LeakyBucket && **a == Algorithm::Gcra))
+            {
+                assert!(
+                    !one.contains(&format!("local {} = {{}}", other.name())),
+                    "{algorithm:?} has {other:?}"
+                );
+            }
         }
-        assert!(SOURCE.trim_end().ends_with("return reply"));
-        assert_eq!(SCRIPT.get_hash().len(), 40);
+        assert!(source(bit(Algorithm::LeakyBucket)).contains("local function tat_decide"));
+        assert!(all.trim_end().ends_with("return reply"));
+        assert_ne!(
+            script(bit(Algorithm::Gcra)).get_hash(),
+            full_script().get_hash()
+        );
+        assert_eq!(full_script().get_hash().len(), 40);
     }
 
     #[test]
