@@ -41,6 +41,13 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "cost_too_high.toml",
+        &[
+            "9:1: `cost` 4 can never be admitted: it exceeds `burst` (3)",
+            "15:1: `cost` 3 can never be admitted: it exceeds `limit` (2)",
+        ],
+    ),
+    (
         "delay_unsupported.toml",
         &[
             "8:1: on_exceed = \"delay\" works with token_bucket and gcra only (leaky_bucket always delays)",
