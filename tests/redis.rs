@@ -347,21 +347,37 @@ fn every_algorithm_works_end_to_end_on_redis_and_leaves_no_key_without_ttl() {
 fn a_fleet_on_a_redis_cluster_shares_limits_across_slots() {
     let cluster = common::redis::RedisCluster::start();
     let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("\"{s}\"")).collect();
-    let limiter = format!("backend = \"redis\"\ncluster = [{}]\ntimeout = \"2s\"\non_error = \"deny\"", seeds.join(", "));
+    let limiter = format!(
+        "backend = \"redis\"\ncluster = [{}]\ntimeout = \"2s\"\non_error = \"deny\"",
+        seeds.join(", ")
+    );
     // Two policies on the client key share its slot; the global one lands elsewhere.
     let policies = "[policies.ip_fast]\nalgorithm = \"gcra\"\nlimit = 4\nperiod = \"1h\"\nkey = [\"header:x-client\"]\n\
                     [policies.ip_slow]\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1h\"\nkey = [\"header:x-client\"]\n\
                     [policies.global]\nalgorithm = \"sliding_log\"\nlimit = 6\nperiod = \"1h\"\nkey = []\n";
-    let template = config(&limiter, policies, &[("a", "\"ip_fast\", \"ip_slow\", \"global\"")]);
+    let template = config(
+        &limiter,
+        policies,
+        &[("a", "\"ip_fast\", \"ip_slow\", \"global\"")],
+    );
     let a = Sluice::start(&template);
     let b = Sluice::start(&template);
     let client = |s: &Sluice, c: &str| s.get_with("/a", &[("X-Client", c)]).status;
     // c1 spends its 4 across both instances; its denials charge neither other policy.
-    let c1: Vec<u16> = (0..6).map(|i| client(if i % 2 == 0 { &a } else { &b }, "c1")).collect();
+    let c1: Vec<u16> = (0..6)
+        .map(|i| client(if i % 2 == 0 { &a } else { &b }, "c1"))
+        .collect();
     assert_eq!(c1, [200, 200, 200, 200, 429, 429]);
     // The global limit (6) still has exactly 2 left.
-    let c2: Vec<u16> = (0..3).map(|i| client(if i % 2 == 0 { &b } else { &a }, &format!("c2-{i}"))).collect();
+    let c2: Vec<u16> = (0..3)
+        .map(|i| client(if i % 2 == 0 { &b } else { &a }, &format!("c2-{i}")))
+        .collect();
     assert_eq!(c2, [200, 200, 429]);
-    let keys = cluster.nodes().iter().map(|n| n.cli(&["DBSIZE"]).parse::<u64>().unwrap_or(0)).filter(|n| *n > 0).count();
+    let keys = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.cli(&["DBSIZE"]).parse::<u64>().unwrap_or(0))
+        .filter(|n| *n > 0)
+        .count();
     assert!(keys >= 2, "state is spread over several nodes");
 }

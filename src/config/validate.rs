@@ -731,12 +731,17 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
     let burst = burst.map(|n| n.value as u64).or(limit);
     // A request costing more than the policy can ever hold would be refused forever.
     let ceiling = match algorithm {
-        Some(Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog) => limit.map(|l| ("limit", l)),
+        Some(Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog) => {
+            limit.map(|l| ("limit", l))
+        }
         Some(Algorithm::TokenBucket | Algorithm::Gcra) if !on_exceed => burst.map(|b| ("burst", b)),
         _ => None,
     };
     if let Some((what, most)) = ceiling.filter(|(_, most)| cost > *most) {
-        p.at(&t.key_span("cost"), format!("`cost` {cost} can never be admitted: it exceeds `{what}` ({most})"));
+        p.at(
+            &t.key_span("cost"),
+            format!("`cost` {cost} can never be admitted: it exceeds `{what}` ({most})"),
+        );
     }
     // Exact integer arithmetic in Redis's Lua needs every product of a count and the period
     // in milliseconds to stay below 2^53.

@@ -270,9 +270,11 @@ impl Limiter {
                         .deny_cache_hits
                         .with_label_values(&[&policy.name])
                         .inc();
+                    // Nothing is left until the key may pass again.
                     let verdict = Verdict {
                         allowed: false,
                         retry_after_ms,
+                        reset_ms: retry_after_ms,
                         ..Verdict::default()
                     };
                     outcome.policies.push(PolicyOutcome {
