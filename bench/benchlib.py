@@ -1,0 +1,477 @@
+#!/usr/bin/env python3
+"""Helpers for bench/run.sh (Python 3 standard library only).
+
+    benchlib.py ports N              N distinct free TCP ports on 127.0.0.1
+    benchlib.py seconds DURATION     "10s", "1m", "500ms", "7" -> whole seconds (rounded up)
+    benchlib.py wait PORT SECS [PID] poll GET / on 127.0.0.1:PORT until any HTTP answer
+    benchlib.py get PORT PATH        print the body of GET PATH on 127.0.0.1:PORT
+    benchlib.py wrk FILE             one-line summary of a wrk output file
+    benchlib.py cpusnap ROOTPID FILE CPU ticks of every process outside ROOTPID's tree
+    benchlib.py report RUNDIR        print the Markdown report for a finished run
+
+Only 127.0.0.1 is ever contacted.
+"""
+
+import http.client
+import math
+import os
+import re
+import socket
+import statistics
+import sys
+import time
+
+HOST = "127.0.0.1"
+
+
+# --------------------------------------------------------------------------- utils
+def free_ports(n):
+    socks, ports = [], []
+    try:
+        while len(ports) < n:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            socks.append(s)
+            p = s.getsockname()[1]
+            if p not in ports:
+                ports.append(p)
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def seconds(text):
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", text)
+    if not m:
+        raise SystemExit(f"bad duration: {text!r} (use e.g. 10s, 1m)")
+    v = float(m.group(1))
+    unit = m.group(2) or "s"
+    v *= {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    return max(1, math.ceil(v))
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_http(port, secs, pid=None):
+    deadline = time.monotonic() + secs
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if pid is not None and not pid_alive(pid):
+            print(f"process {pid} exited while waiting for 127.0.0.1:{port}", file=sys.stderr)
+            return 1
+        try:
+            c = http.client.HTTPConnection(HOST, port, timeout=1)
+            c.request("GET", "/")
+            r = c.getresponse()
+            r.read()
+            c.close()
+            print(r.status)
+            return 0
+        except (OSError, http.client.HTTPException) as e:
+            last = repr(e)
+        time.sleep(0.1)
+    print(f"127.0.0.1:{port} did not answer GET / within {secs}s ({last})", file=sys.stderr)
+    return 1
+
+
+def http_get(port, path):
+    c = http.client.HTTPConnection(HOST, port, timeout=5)
+    c.request("GET", path)
+    r = c.getresponse()
+    body = r.read().decode("utf-8", "replace")
+    c.close()
+    sys.stdout.write(body)
+    return 0 if r.status == 200 else 1
+
+
+# --------------------------------------------------------------------------- other load
+def _proc_table():
+    procs = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                f_ = f.read().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields after "comm)": state ppid pgrp ... utime(14) stime cutime cstime ... starttime(22)
+        procs[int(d)] = {"ppid": int(f_[1]), "ticks": sum(int(x) for x in f_[11:15]),
+                         "start": int(f_[19])}
+    return procs
+
+
+def cpu_snapshot(root, path):
+    """Record CPU ticks (own + reaped children) of every process that is neither `root`
+    and its descendants nor a kernel thread, so that a later snapshot shows how much
+    CPU the rest of the machine used meanwhile."""
+    procs = _proc_table()
+    mine = {root, 2}
+    changed = True
+    while changed:
+        changed = False
+        for pid, p in procs.items():
+            if pid not in mine and p["ppid"] in mine:
+                mine.add(pid)
+                changed = True
+    snap = {f"{pid}:{p['start']}": p["ticks"] for pid, p in procs.items() if pid not in mine}
+    with open(path, "w") as f:
+        f.write(repr({"t": time.monotonic(), "procs": snap}))
+
+
+def other_load(path0, path1):
+    """% of the whole machine's CPU used by other processes between two snapshots."""
+    import ast
+    with open(path0) as f:
+        a = ast.literal_eval(f.read())
+    with open(path1) as f:
+        b = ast.literal_eval(f.read())
+    hz = os.sysconf("SC_CLK_TCK")
+    ticks = 0
+    for k, v in b["procs"].items():
+        ticks += v - a["procs"].get(k, 0)
+    # processes that vanished: their time moved into their parent's cutime, already counted
+    for k, v in a["procs"].items():
+        if k not in b["procs"]:
+            ticks -= v
+    secs = max(b["t"] - a["t"], 1e-6)
+    return max(0.0, 100.0 * ticks / hz / secs / (os.cpu_count() or 1))
+
+
+# --------------------------------------------------------------------------- parsers
+_UNIT_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0, "h": 3600000.0}
+
+
+def parse_wrk(text):
+    """Parse `wrk --latency` output. Returns a dict, or None if wrk did not finish."""
+    out = {}
+    m = re.search(r"^\s*(\d+) requests in ([0-9.]+)(us|ms|s|m|h),", text, re.M)
+    if not m:
+        return None
+    out["requests"] = int(m.group(1))
+    out["seconds"] = float(m.group(2)) * _UNIT_MS[m.group(3)] / 1000.0
+    m = re.search(r"^Requests/sec:\s+([0-9.]+)", text, re.M)
+    out["rps"] = float(m.group(1)) if m else out["requests"] / max(out["seconds"], 1e-9)
+    m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
+    out["non2xx"] = int(m.group(1)) if m else 0
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    out["sockerr"] = dict(zip(("connect", "read", "write", "timeout"),
+                              map(int, m.groups()))) if m else {}
+    lat = {}
+    blk = text.split("Latency Distribution", 1)
+    if len(blk) == 2:
+        for pm in re.finditer(r"^\s+(\d+(?:\.\d+)?)%\s+([0-9.]+)(us|ms|s|m|h)\s*$", blk[1], re.M):
+            lat[float(pm.group(1))] = float(pm.group(2)) * _UNIT_MS[pm.group(3)]
+    out["p50"] = lat.get(50.0)
+    out["p99"] = lat.get(99.0)
+    return out
+
+
+SCRIPT_CMDS = ("evalsha", "evalsha_ro", "eval", "eval_ro", "fcall", "fcall_ro")
+HARNESS_CMDS = ("info", "config")
+
+
+def parse_commandstats(text):
+    """INFO commandstats -> {cmd: (calls, usec)}; subcommands like config|resetstat kept."""
+    stats = {}
+    for m in re.finditer(r"^cmdstat_([^:]+):calls=(\d+),usec=(\d+),", text, re.M):
+        stats[m.group(1).lower()] = (int(m.group(2)), int(m.group(3)))
+    return stats
+
+
+def redis_summary(text, requests):
+    st = parse_commandstats(text)
+    base = lambda c: c.split("|", 1)[0]  # noqa: E731  ("config|resetstat" -> "config")
+    all_calls = sum(c for k, (c, _) in st.items() if base(k) not in HARNESS_CMDS)
+    all_usec = sum(u for k, (_, u) in st.items() if base(k) not in HARNESS_CMDS)
+    sc_calls = sum(st.get(k, (0, 0))[0] for k in SCRIPT_CMDS)
+    sc_usec = sum(st.get(k, (0, 0))[1] for k in SCRIPT_CMDS)
+    ev_calls, ev_usec = st.get("evalsha", (0, 0))
+    req = max(requests, 1)
+    return {
+        "cmds": all_calls,
+        "cmds_per_req": all_calls / req,
+        "script_calls": sc_calls,
+        "script_per_req": sc_calls / req,
+        "evalsha_calls": ev_calls,
+        "evalsha_upc": (ev_usec / ev_calls) if ev_calls else None,
+        "script_upc": (sc_usec / sc_calls) if sc_calls else None,
+        "usec_per_req": all_usec / req,
+        "by_cmd": {k: v[0] for k, v in st.items() if base(k) not in HARNESS_CMDS},
+    }
+
+
+def parse_decisions(text):
+    """sluice /metrics -> {"decision": count} summed over routes and policies, plus
+    backend errors ("backend error KIND") and deny-cache hits."""
+    out = {}
+    for metric, label, prefix in (("sluice_decisions_total", "decision", ""),
+                                  ("sluice_backend_errors_total", "kind", "backend error "),
+                                  ("sluice_deny_cache_hits_total", None, "deny-cache hits")):
+        for m in re.finditer(r'^' + metric + r'(?:\{([^}]*)\})?\s+([0-9.eE+]+)', text, re.M):
+            if label:
+                d = re.search(label + r'="([^"]*)"', m.group(1) or "")
+                if not d:
+                    continue
+                name = prefix + d.group(1)
+            else:
+                name = prefix
+            out[name] = out.get(name, 0) + float(m.group(2))
+    return {k: v for k, v in out.items() if v or not k.startswith(("backend", "deny"))}
+
+
+# --------------------------------------------------------------------------- report
+def read_manifest(path):
+    rows = []
+    if not os.path.exists(path):
+        return rows
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line:
+                rows.append(line.split("\t"))
+    return rows
+
+
+def med(vals):
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt_num(v, nd=0):
+    if v is None:
+        return "n/a"
+    return f"{v:,.{nd}f}"
+
+
+def fmt_ms(v):
+    if v is None:
+        return "n/a"
+    if v < 10:
+        return f"{v:.3f}"
+    if v < 100:
+        return f"{v:.2f}"
+    return f"{v:.1f}"
+
+
+def fmt_ratio(a, b):
+    if a is None or not b:
+        return "n/a"
+    return f"{a / b:.2f}"
+
+
+def load(rundir, manifest):
+    """manifest rows: id, label, round, wrk file, redis file|-, metrics file|-"""
+    runs = {}
+    order = []
+    for row in read_manifest(os.path.join(rundir, manifest)):
+        cid, label, rnd, wrkf, redisf, metf = (row + ["-"] * 6)[:6]
+        if cid not in runs:
+            runs[cid] = {"label": label, "rounds": []}
+            order.append(cid)
+        with open(wrkf) as f:
+            w = parse_wrk(f.read())
+        if w is None:
+            runs[cid]["rounds"].append({"failed": True, "file": wrkf})
+            continue
+        w["round"] = int(rnd)
+        base = wrkf[:-len(".wrk.txt")] if wrkf.endswith(".wrk.txt") else wrkf
+        if os.path.exists(base + ".cpu0") and os.path.exists(base + ".cpu1"):
+            try:
+                w["other"] = other_load(base + ".cpu0", base + ".cpu1")
+            except (OSError, ValueError, SyntaxError):
+                pass
+        if redisf != "-" and os.path.exists(redisf):
+            with open(redisf) as f:
+                w["redis"] = redis_summary(f.read(), w["requests"])
+        if metf != "-" and os.path.exists(metf):
+            with open(metf) as f:
+                w["decisions"] = parse_decisions(f.read())
+        runs[cid]["rounds"].append(w)
+    return order, runs
+
+
+def summarize(run):
+    ok = [r for r in run["rounds"] if not r.get("failed")]
+    s = {"n": len(ok), "failed": len(run["rounds"]) - len(ok)}
+    if not ok:
+        return s
+    s["rps"] = med([r["rps"] for r in ok])
+    s["rps_all"] = [r["rps"] for r in sorted(ok, key=lambda r: r["round"])]
+    s["other_all"] = [r.get("other") for r in sorted(ok, key=lambda r: r["round"])]
+    s["p50"] = med([r["p50"] for r in ok])
+    s["p99"] = med([r["p99"] for r in ok])
+    s["non2xx_pct"] = med([100.0 * r["non2xx"] / max(r["requests"], 1) for r in ok])
+    s["non2xx"] = med([r["non2xx"] for r in ok])
+    s["requests"] = med([r["requests"] for r in ok])
+    s["sockerr"] = {}
+    for r in ok:
+        for k, v in r["sockerr"].items():
+            s["sockerr"][k] = s["sockerr"].get(k, 0) + v
+    red = [r["redis"] for r in ok if "redis" in r]
+    if red:
+        s["redis"] = {k: med([x[k] for x in red]) for k in
+                      ("cmds", "cmds_per_req", "script_calls", "script_per_req",
+                       "evalsha_calls", "evalsha_upc", "script_upc", "usec_per_req")}
+        s["redis"]["by_cmd"] = red[-1]["by_cmd"]
+    dec = [r["decisions"] for r in ok if "decisions" in r]
+    if dec:
+        s["decisions"] = dec[-1]
+    return s
+
+
+def report(rundir):
+    lines = []
+    with open(os.path.join(rundir, "header.md")) as f:
+        lines.append(f.read().rstrip("\n"))
+    order, runs = load(rundir, "manifest.tsv")
+    sums = {cid: summarize(runs[cid]) for cid in order}
+    base_up = sums.get("1", {}).get("rps")
+    base_sl = sums.get("4", {}).get("rps")
+    notes = []
+
+    if order:
+        nrounds = max(s["n"] + s["failed"] for s in sums.values())
+        lines += ["", f"## Throughput and latency (median of {nrounds} round(s))", "",
+                  "| # | contender | req/s | p50 (ms) | p99 (ms) | non-2xx (% of requests) "
+                  "| ratio to upstream direct | ratio to sluice no policies "
+                  "| req/s per round (other load) |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+        for cid in order:
+            s, label = sums[cid], runs[cid]["label"]
+            if "rps" not in s:
+                lines.append(f"| {cid} | {label} | FAILED | | | | | | |")
+                continue
+            rounds = " / ".join(fmt_num(v) + (f" ({o:.0f}%)" if o is not None else "")
+                                for v, o in zip(s["rps_all"], s["other_all"]))
+            worst = max([o for o in s["other_all"] if o is not None], default=0)
+            if worst >= 10:
+                notes.append(f"contender {cid}: other processes used up to {worst:.0f}% of the "
+                             "machine's CPU during a measured run: its numbers are disturbed")
+            lines.append(
+                f"| {cid} | {label} | {fmt_num(s['rps'])} | {fmt_ms(s['p50'])} | {fmt_ms(s['p99'])} "
+                f"| {fmt_num(s['non2xx'])} ({s['non2xx_pct']:.1f}%) "
+                f"| {fmt_ratio(s['rps'], base_up)} | {fmt_ratio(s['rps'], base_sl)} | {rounds} |")
+            if s["failed"]:
+                notes.append(f"contender {cid}: {s['failed']} round(s) produced no wrk result")
+            errs = {k: v for k, v in s.get("sockerr", {}).items() if v}
+            if errs:
+                notes.append(f"contender {cid}: wrk socket errors (all rounds) "
+                             + ", ".join(f"{k} {v}" for k, v in errs.items()))
+
+        red_ids = [cid for cid in order if "redis" in sums[cid]]
+        if red_ids:
+            lines += ["", "## Redis cost per request (median of rounds)", "",
+                      "Counted on the private redis-server between `CONFIG RESETSTAT` and "
+                      "`INFO commandstats` around the measured wrk run (INFO/CONFIG excluded). "
+                      "Commands that a script runs (TIME, GET, SET, ...) are counted by Redis too, "
+                      "so \"script calls / request\" is the number of round trips for decisions "
+                      "and evalsha usec_per_call includes the script's own commands.", "",
+                      "| # | contender | Redis commands / request | script calls / request "
+                      "| evalsha usec_per_call | Redis usec / request | commands seen |",
+                      "|---|---|---:|---:|---:|---:|---|"]
+            for cid in red_ids:
+                r = sums[cid]["redis"]
+                seen = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_cmd"].items())) or "none"
+                upc = r["evalsha_upc"] if r["evalsha_upc"] is not None else r["script_upc"]
+                lines.append(
+                    f"| {cid} | {runs[cid]['label']} | {r['cmds_per_req']:.3f} | "
+                    f"{r['script_per_req']:.3f} | {fmt_ms(upc)} | {r['usec_per_req']:.2f} | {seen} |")
+
+        dec_ids = [cid for cid in order if "decisions" in sums[cid]]
+        if dec_ids:
+            notes.append("sluice decisions (sluice_decisions_total, last round): " + "; ".join(
+                f"{cid}: " + (", ".join(f"{k} {v:,.0f}" for k, v in sorted(sums[cid]["decisions"].items()))
+                              or "none")
+                for cid in dec_ids))
+
+    a_order, a_runs = load(rundir, "alg_manifest.tsv")
+    if a_order:
+        lines += ["", "## Redis CPU per decision, by algorithm", "",
+                  "One policy of each algorithm on the Redis backend (deny_cache = 0), "
+                  "one short wrk run each; usec_per_call is Redis' own execution time of "
+                  "the script command (cmdstat_evalsha).", "",
+                  "| algorithm | usec_per_call | calls | calls / request | req/s | non-2xx (%) |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for alg in a_order:
+            s = summarize(a_runs[alg])
+            if "rps" not in s:
+                lines.append(f"| {alg} | FAILED | | | | |")
+                continue
+            r = s.get("redis")
+            if r is None:
+                lines.append(f"| {alg} | n/a | n/a | n/a | {fmt_num(s['rps'])} | {s['non2xx_pct']:.1f}% |")
+                continue
+            if "decisions" in s:
+                notes.append(f"algorithm {alg}: " + ", ".join(
+                    f"{k} {v:,.0f}" for k, v in sorted(s["decisions"].items())))
+            o = s["other_all"][0] if s["other_all"] else None
+            if o is not None and o >= 10:
+                notes.append(f"algorithm {alg}: other processes used {o:.0f}% of the machine's "
+                             "CPU during the run: its numbers are disturbed")
+            upc = r["evalsha_upc"] if r["evalsha_upc"] is not None else r["script_upc"]
+            calls = r["evalsha_calls"] if r["evalsha_upc"] is not None else r["script_calls"]
+            lines.append(
+                f"| {alg} | {fmt_ms(upc)} | {fmt_num(calls)} | {r['script_per_req']:.3f} "
+                f"| {fmt_num(s['rps'])} | {s['non2xx_pct']:.1f}% |")
+
+    extra = os.path.join(rundir, "notes.txt")
+    if os.path.exists(extra):
+        with open(extra) as f:
+            notes += [l.rstrip("\n") for l in f if l.strip()]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cmd, args = argv[1], argv[2:]
+    if cmd == "ports":
+        print(" ".join(map(str, free_ports(int(args[0]) if args else 1))))
+        return 0
+    if cmd == "seconds":
+        print(seconds(args[0]))
+        return 0
+    if cmd == "wait":
+        return wait_http(int(args[0]), float(args[1]), int(args[2]) if len(args) > 2 else None)
+    if cmd == "get":
+        return http_get(int(args[0]), args[1])
+    if cmd == "wrk":
+        with open(args[0]) as f:
+            w = parse_wrk(f.read())
+        if w is None:
+            print("    wrk: no result")
+            return 1
+        err = sum(w["sockerr"].values())
+        print(f"    {w['rps']:,.0f} req/s, p50 {fmt_ms(w['p50'])} ms, p99 {fmt_ms(w['p99'])} ms, "
+              f"non-2xx {w['non2xx']:,} of {w['requests']:,}" + (f", socket errors {err}" if err else ""))
+        return 0
+    if cmd == "cpusnap":
+        cpu_snapshot(int(args[0]), args[1])
+        return 0
+    if cmd == "report":
+        return report(args[0])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,583 @@
+#!/usr/bin/env bash
+# sluice load benchmark: sluice against a fixed nginx upstream, nginx and HAProxy.
+# Usage: bench/run.sh PATH/TO/sluice        (see bench/README.md)
+#
+# Environment (defaults in brackets):
+#   DURATION [10s]     wrk duration of each measured run
+#   CONNECTIONS [64]   wrk connections
+#   THREADS [2]        wrk threads
+#   ROUNDS [2]         rounds; contenders alternate A B C.. then ..C B A, median reported
+#   WORKERS [1]        worker processes/threads of nginx proxy, HAProxy (nbthread), sluice (threads)
+#   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
+#   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
+#   CONTENDERS         subset to run, e.g. "1 2 4" [1 2 3 3b 4 5 6 7 8a 8b]
+#   ALGORITHMS         subset for the Redis-per-algorithm section, or "none"
+#                      [fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency]
+#   OUT [bench/results/latest.md]   where the Markdown report is written
+#   KEEP_TMP [0]       1 = keep the temp dir (configs, logs, raw wrk output) after the run
+#
+# Everything listens on 127.0.0.1 only, on free ports, in a temp dir; every process
+# this script starts is killed on exit; every load is bounded in time.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LIB="$BENCH_DIR/benchlib.py"
+INVOCATION="$0 $*"
+
+usage() {
+    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+[ $# -eq 1 ] || usage
+case "$1" in -h|--help) usage ;; esac
+
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-64}
+THREADS=${THREADS:-2}
+ROUNDS=${ROUNDS:-2}
+WORKERS=${WORKERS:-1}
+WARMUP=${WARMUP:-1s}
+ALG_DURATION=${ALG_DURATION:-3s}
+ALL_CONTENDERS="1 2 3 3b 4 5 6 7 8a 8b"
+ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
+CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
+ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
+[ "$ALGORITHMS" = none ] && ALGORITHMS=""
+OUT=${OUT:-$BENCH_DIR/results/latest.md}
+KEEP_TMP=${KEEP_TMP:-0}
+
+die() { echo "bench: error: $*" >&2; exit 1; }
+log() { echo "bench: $*" >&2; }
+
+for v in CONNECTIONS THREADS ROUNDS WORKERS; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer (got '${!v}')"
+done
+[ "$CONNECTIONS" -ge "$THREADS" ] || die "CONNECTIONS ($CONNECTIONS) must be >= THREADS ($THREADS)"
+for c in $CONTENDERS; do
+    [[ " $ALL_CONTENDERS " == *" $c "* ]] || die "unknown contender '$c' (known: $ALL_CONTENDERS)"
+done
+for a in $ALGORITHMS; do
+    [[ " $ALL_ALGORITHMS " == *" $a "* ]] || die "unknown algorithm '$a' (known: $ALL_ALGORITHMS)"
+done
+
+command -v python3 >/dev/null 2>&1 && python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))' \
+    || die "python3 (>= 3.8) is required: apt-get install -y python3"
+DUR_S=$(python3 "$LIB" seconds "$DURATION")
+ALG_DUR_S=$(python3 "$LIB" seconds "$ALG_DURATION")
+if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
+
+# ------------------------------------------------------------------ tools
+export PATH="$PATH:/usr/sbin:/sbin"
+TMP_POLICY_RCD=""
+
+ensure_tools() {
+    local pkgs=() p
+    command -v wrk >/dev/null 2>&1 || pkgs+=(wrk)
+    command -v nginx >/dev/null 2>&1 || pkgs+=(nginx)
+    command -v haproxy >/dev/null 2>&1 || pkgs+=(haproxy)
+    command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
+    command -v redis-cli >/dev/null 2>&1 || pkgs+=(redis-tools)
+    command -v timeout >/dev/null 2>&1 || pkgs+=(coreutils)
+    command -v setsid >/dev/null 2>&1 || pkgs+=(util-linux)
+    [ ${#pkgs[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        echo "bench: missing tools. Install them with:" >&2
+        echo "    sudo apt-get install -y ${pkgs[*]}" >&2
+        exit 1
+    fi
+    log "installing ${pkgs[*]} with apt-get"
+    local updated=0
+    for p in "${pkgs[@]}"; do
+        if [ $updated -eq 0 ] && ! apt-cache show "$p" >/dev/null 2>&1; then
+            apt-get update -qq >&2 || die "apt-get update failed"
+            updated=1
+        fi
+    done
+    # Debian packages start their service (nginx on *:80, ...) on install; forbid that.
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        TMP_POLICY_RCD=/usr/sbin/policy-rc.d
+    fi
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2; then
+        [ $updated -eq 0 ] && apt-get update -qq >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2 \
+            || die "apt-get install ${pkgs[*]} failed"
+    fi
+    if [ -n "$TMP_POLICY_RCD" ]; then rm -f "$TMP_POLICY_RCD"; TMP_POLICY_RCD=""; fi
+    for p in wrk nginx haproxy redis-server redis-cli; do
+        command -v $p >/dev/null 2>&1 || die "$p still missing after apt-get install"
+    done
+}
+ensure_tools
+
+needs_sluice=0
+for c in $CONTENDERS; do case $c in 4|5|6|7|8a|8b) needs_sluice=1 ;; esac; done
+[ -n "$ALGORITHMS" ] && needs_sluice=1
+needs_redis=0
+for c in $CONTENDERS; do case $c in 6|7|8a|8b) needs_redis=1 ;; esac; done
+[ -n "$ALGORITHMS" ] && needs_redis=1
+
+SLUICE=$1
+case "$SLUICE" in
+    */*) [ -e "$SLUICE" ] && SLUICE="$(cd "$(dirname "$SLUICE")" && pwd)/$(basename "$SLUICE")" ;;
+    *) SLUICE=$(command -v "$SLUICE" || echo "$SLUICE") ;;
+esac
+SLUICE_VERSION="not used"
+if [ $needs_sluice -eq 1 ]; then
+    [ -x "$SLUICE" ] || die "sluice binary '$SLUICE' not found or not executable (build it: cargo build --release)"
+    SLUICE_VERSION=$("$SLUICE" --version 2>&1 | head -n1) || die "'$SLUICE --version' failed: $SLUICE_VERSION"
+    [ -n "$SLUICE_VERSION" ] || die "'$SLUICE --version' printed nothing: not a usable sluice build"
+fi
+
+# ------------------------------------------------------------------ processes
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench.XXXXXX")
+chmod 755 "$TMP"          # nginx workers run as an unprivileged user
+mkdir -p "$TMP/log" "$TMP/runs" "$TMP/conf"
+PGIDS=()
+FAILED=0
+
+cleanup() {
+    local rc=$? g i
+    trap - EXIT INT TERM
+    for g in "${PGIDS[@]}"; do kill -TERM -- "-$g" 2>/dev/null || true; done
+    for i in $(seq 50); do
+        local alive=0
+        for g in "${PGIDS[@]}"; do kill -0 -- "-$g" 2>/dev/null && alive=1; done
+        [ $alive -eq 0 ] && break
+        sleep 0.1
+    done
+    for g in "${PGIDS[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    [ -n "$TMP_POLICY_RCD" ] && rm -f "$TMP_POLICY_RCD"
+    if [ "$KEEP_TMP" = 1 ] || [ $rc -ne 0 ]; then
+        log "configs, logs and raw wrk output kept in $TMP"
+    else
+        rm -rf "$TMP"
+    fi
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+note() { echo "$*" >>"$TMP/notes.txt"; log "NOTE: $*"; }
+
+# start_bg NAME CMD...: run CMD in its own session (process group = its pid), log to $TMP/log/NAME.log
+start_bg() {
+    local name=$1; shift
+    setsid "$@" >"$TMP/log/$name.log" 2>&1 </dev/null &
+    BG_PID=$!
+    PGIDS+=("$BG_PID")
+}
+
+# stop_bg PID: SIGTERM its process group, SIGKILL after 10 s
+stop_bg() {
+    local pid=$1 i
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    for i in $(seq 100); do
+        kill -0 -- "-$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    drop_pgid "$pid"
+}
+
+drop_pgid() {
+    local g keep=()
+    for g in "${PGIDS[@]}"; do [ "$g" = "$1" ] || keep+=("$g"); done
+    PGIDS=("${keep[@]+"${keep[@]}"}")
+}
+
+alive() { kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+
+free_port() { python3 "$LIB" ports 1; }
+
+# wait_http PORT PID NAME: poll GET / for up to 15 s
+wait_http() {
+    if ! python3 "$LIB" wait "$1" 15 "$2" >/dev/null; then
+        log "---- last lines of $TMP/log/$3.log ----"
+        tail -n 30 "$TMP/log/$3.log" >&2 || true
+        return 1
+    fi
+}
+
+# ------------------------------------------------------------------ configs
+# nginx_conf DIR PORT WORKERS HTTP_EXTRA SERVER_BODY
+nginx_conf() {
+    local dir=$1 port=$2 workers=$3 http_extra=$4 server_body=$5
+    mkdir -p "$dir"
+    cat >"$dir/nginx.conf" <<EOF
+worker_processes $workers;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+worker_rlimit_nofile 65536;
+events { worker_connections 16384; }
+http {
+    access_log off;
+    default_type text/plain;
+    keepalive_requests 100000000;
+    keepalive_timeout 75s;
+    client_body_temp_path $dir/client_body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+$http_extra
+    server {
+        listen 127.0.0.1:$port;
+$server_body
+    }
+}
+EOF
+}
+
+# start_nginx NAME DIR: validate, then run in the foreground of its own process group
+start_nginx() {
+    local name=$1 dir=$2
+    nginx -e "$dir/error.log" -p "$dir/" -c "$dir/nginx.conf" -t >"$TMP/log/$name.check" 2>&1 \
+        || { cat "$TMP/log/$name.check" >&2; die "nginx rejected $dir/nginx.conf"; }
+    start_bg "$name" nginx -e "$dir/error.log" -p "$dir/" -c "$dir/nginx.conf" -g 'daemon off;'
+}
+
+NGINX_PROXY_HTTP='    upstream origin {
+        server 127.0.0.1:@UP@;
+        keepalive 256;
+        keepalive_requests 100000000;
+    }'
+NGINX_PROXY_LOC='        location / {
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }'
+NGINX_LIMIT_HTTP='    limit_req_zone $binary_remote_addr zone=perip:10m rate=10000000r/s;'
+NGINX_LIMIT_LOC='        location / {
+            limit_req zone=perip burst=1000000 nodelay;
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }'
+
+haproxy_conf() {
+    local file=$1 port=$2
+    cat >"$file" <<EOF
+global
+    nbthread $WORKERS
+    maxconn 4096
+
+defaults
+    mode http
+    option http-keep-alive
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+
+frontend fe
+    bind 127.0.0.1:$port
+    stick-table type ip size 1m expire 10s store http_req_rate(10s)
+    http-request track-sc0 src
+    http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }
+    default_backend be
+
+backend be
+    http-reuse always
+    server up 127.0.0.1:$UP_PORT
+EOF
+}
+
+# Policies of each sluice contender (TOML, DESIGN.md section 2).
+POL_GCRA='[policies.per_ip]
+algorithm = "gcra"
+limit = 100000000
+period = "1s"
+key = ["client_ip"]'
+POL_THREE='[policies.per_ip]
+algorithm = "gcra"
+limit = 100000000
+period = "1s"
+key = ["client_ip"]
+
+[policies.per_ip_window]
+algorithm = "fixed_window"
+limit = 100000000
+period = "1s"
+key = ["client_ip"]
+
+[policies.global]
+algorithm = "token_bucket"
+limit = 100000000
+period = "1s"
+key = []'
+POL_ATTACK='[policies.per_ip]
+algorithm = "gcra"
+limit = 10
+period = "1m"
+key = ["client_ip"]'
+
+# alg_policy ALG: one policy named "p" that lets (nearly) everything through
+alg_policy() {
+    case $1 in
+        concurrency) printf '[policies.p]\nalgorithm = "concurrency"\nlimit = 100000\nkey = ["client_ip"]\n' ;;
+        sliding_log) printf '[policies.p]\nalgorithm = "sliding_log"\nlimit = 1000000\nperiod = "1s"\nkey = ["client_ip"]\n' ;;
+        *) printf '[policies.p]\nalgorithm = "%s"\nlimit = 100000000\nperiod = "1s"\nkey = ["client_ip"]\n' "$1" ;;
+    esac
+}
+
+# sluice_conf FILE PORT ADMIN_PORT BACKEND(memory|redis) DENY_CACHE(-|N) POLICIES_TOML ROUTE_POLICIES
+sluice_conf() {
+    local file=$1 port=$2 admin=$3 backend=$4 deny=$5 policies=$6 route_pol=$7
+    {
+        printf '[server]\nlisten = ["127.0.0.1:%s"]\nthreads = %s\naccess_log = "off"\n\n' "$port" "$WORKERS"
+        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n' "$admin"
+        printf '[limiter]\nbackend = "%s"\n' "$backend"
+        if [ "$backend" = redis ]; then
+            printf 'url = "redis://127.0.0.1:%s/0"\ntimeout = "50ms"\n' "$REDIS_PORT"
+        fi
+        [ "$deny" != - ] && printf 'deny_cache = %s\n' "$deny"
+        printf '\n[upstreams.origin]\nservers = ["127.0.0.1:%s"]\n\n' "$UP_PORT"
+        [ -n "$policies" ] && printf '%s\n\n' "$policies"
+        printf '[[routes]]\nname = "bench"\npath_prefix = "/"\nupstream = "origin"\npolicies = [%s]\n' "$route_pol"
+    } >"$file"
+}
+
+# sluice_check FILE: `sluice check` must accept it, else stop the whole benchmark loudly
+sluice_check() {
+    local out rc=0
+    out=$(timeout 60 "$SLUICE" check --config "$1" 2>&1) || rc=$?
+    if [ $rc -ne 0 ]; then
+        {
+            echo
+            echo "bench: FATAL: '$SLUICE check --config $1' rejected the config (exit $rc):"
+            echo "$out" | sed 's/^/    /'
+            echo "bench: the config was:"
+            cat -n "$1" | sed 's/^/    /'
+        } >&2
+        exit 2
+    fi
+}
+
+# contender_info CID -> LABEL KIND BACKEND DENY POLICIES ROUTE_POL
+contender_info() {
+    BACKEND=memory DENY=- POLICIES="" ROUTE_POL=""
+    case $1 in
+        1)  LABEL="upstream direct (nginx return 200)"; KIND=upstream ;;
+        2)  LABEL="nginx proxy, keepalive"; KIND=nginx ;;
+        3)  LABEL="nginx proxy + limit_req"; KIND=nginx_limit ;;
+        3b) LABEL="HAProxy + stick-table rate limit"; KIND=haproxy ;;
+        4)  LABEL="sluice, no policies"; KIND=sluice ;;
+        5)  LABEL="sluice, gcra, memory"; KIND=sluice; POLICIES=$POL_GCRA; ROUTE_POL='"per_ip"' ;;
+        6)  LABEL="sluice, gcra, redis"; KIND=sluice; BACKEND=redis; POLICIES=$POL_GCRA; ROUTE_POL='"per_ip"' ;;
+        7)  LABEL="sluice, gcra + fixed_window + token_bucket, redis"; KIND=sluice; BACKEND=redis
+            POLICIES=$POL_THREE; ROUTE_POL='"per_ip", "per_ip_window", "global"' ;;
+        8a) LABEL="sluice under attack (10/min), redis, deny_cache = 100000"; KIND=sluice; BACKEND=redis
+            DENY=100000; POLICIES=$POL_ATTACK; ROUTE_POL='"per_ip"' ;;
+        8b) LABEL="sluice under attack (10/min), redis, deny_cache = 0"; KIND=sluice; BACKEND=redis
+            DENY=0; POLICIES=$POL_ATTACK; ROUTE_POL='"per_ip"' ;;
+    esac
+}
+
+# ------------------------------------------------------------------ load
+# run_wrk PORT SECONDS DURATION OUTFILE
+# (in the background and waited for, so that a signal to this script is handled at once;
+#  timeout(1) puts itself and wrk in their own process group, which cleanup kills)
+run_wrk() {
+    local rc=0 pid
+    timeout -k 5 $(($2 + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency \
+        "http://127.0.0.1:$1/" >"$4" 2>&1 &
+    pid=$!
+    PGIDS+=("$pid")
+    wait "$pid" || rc=$?
+    drop_pgid "$pid"
+    return $rc
+}
+
+redis_cli() { timeout 10 redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
+
+# measure ID LABEL ROUND PORT PID(-) NAME USES_REDIS ADMIN(-) DURATION DUR_S MANIFEST
+# The contender is already listening; warm up, measure, collect stats, append to manifest.
+measure() {
+    local id=$1 label=$2 round=$3 port=$4 pid=$5 name=$6 uses_redis=$7 admin=$8 dur=$9 dur_s=${10} manifest=${11}
+    local base="$TMP/runs/$id.r$round" redisf=- metf=- rc=0
+    if [ "$WARMUP" != 0 ]; then
+        run_wrk "$port" "$WARMUP_S" "$WARMUP" "$base.warmup.txt" || true
+    fi
+    if [ "$uses_redis" = 1 ]; then redis_cli CONFIG RESETSTAT >/dev/null; fi
+    log "round $round: [$id] $label: wrk -t$THREADS -c$CONNECTIONS -d$dur"
+    python3 "$LIB" cpusnap $$ "$base.cpu0" || true
+    run_wrk "$port" "$dur_s" "$dur" "$base.wrk.txt" || rc=$?
+    python3 "$LIB" cpusnap $$ "$base.cpu1" || true
+    if [ $rc -ne 0 ]; then
+        note "[$id] round $round: wrk exited $rc: $(tail -n 3 "$base.wrk.txt" | tr '\n' ' ')"
+        FAILED=1
+    fi
+    if [ "$uses_redis" = 1 ]; then
+        redis_cli INFO commandstats >"$base.redis.txt" || true
+        redisf="$base.redis.txt"
+    fi
+    if [ "$admin" != - ]; then
+        python3 "$LIB" get "$admin" /metrics >"$base.metrics.txt" 2>&1 || true
+        metf="$base.metrics.txt"
+    fi
+    if [ "$pid" != - ] && ! alive "$pid"; then
+        note "[$id] round $round: $name exited during the load (see its log below)"
+        tail -n 30 "$TMP/log/$name.log" >&2 || true
+        FAILED=1
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$label" "$round" "$base.wrk.txt" "$redisf" "$metf" \
+        >>"$TMP/$manifest"
+    python3 "$LIB" wrk "$base.wrk.txt" >&2 || true
+}
+
+# start_sluice NAME FILE PORT: check, start, wait until it answers. Sets BG_PID. Returns 1 if it never answered.
+start_sluice() {
+    local name=$1 file=$2 port=$3
+    sluice_check "$file"
+    start_bg "$name" "$SLUICE" run --config "$file"
+    if ! wait_http "$port" "$BG_PID" "$name"; then
+        if alive "$BG_PID"; then
+            note "$name ($file) did not answer GET / on 127.0.0.1:$port within 15 s"
+        else
+            note "$name ($file) exited before answering: $(tail -n 1 "$TMP/log/$name.log")"
+        fi
+        FAILED=1
+        stop_bg "$BG_PID"
+        return 1
+    fi
+}
+
+# run_contender CID ROUND
+run_contender() {
+    local cid=$1 round=$2 port pid=- name="c$1.r$2" uses_redis=0 admin=-
+    contender_info "$cid"
+    case $KIND in
+        upstream)
+            port=$UP_PORT ;;
+        nginx|nginx_limit)
+            port=$(free_port)
+            if [ "$KIND" = nginx ]; then
+                nginx_conf "$TMP/conf/$name" "$port" "$WORKERS" "${NGINX_PROXY_HTTP//@UP@/$UP_PORT}" "$NGINX_PROXY_LOC"
+            else
+                nginx_conf "$TMP/conf/$name" "$port" "$WORKERS" \
+                    "${NGINX_PROXY_HTTP//@UP@/$UP_PORT}
+$NGINX_LIMIT_HTTP" "$NGINX_LIMIT_LOC"
+            fi
+            start_nginx "$name" "$TMP/conf/$name"
+            pid=$BG_PID ;;
+        haproxy)
+            port=$(free_port)
+            haproxy_conf "$TMP/conf/$name.cfg" "$port"
+            haproxy -c -f "$TMP/conf/$name.cfg" >"$TMP/log/$name.check" 2>&1 \
+                || { cat "$TMP/log/$name.check" >&2; die "haproxy rejected $TMP/conf/$name.cfg"; }
+            start_bg "$name" haproxy -db -f "$TMP/conf/$name.cfg"
+            pid=$BG_PID ;;
+        sluice)
+            read -r port admin <<<"$(python3 "$LIB" ports 2)"
+            [ "$BACKEND" = redis ] && { uses_redis=1; redis_cli FLUSHALL >/dev/null; }
+            sluice_conf "$TMP/conf/$name.toml" "$port" "$admin" "$BACKEND" "$DENY" "$POLICIES" "$ROUTE_POL"
+            if ! start_sluice "$name" "$TMP/conf/$name.toml" "$port"; then
+                printf '%s\t%s\t%s\t%s\t-\t-\n' "$cid" "$LABEL" "$round" "/dev/null" >>"$TMP/manifest.tsv"
+                return 0
+            fi
+            pid=$BG_PID ;;
+    esac
+    if [ "$pid" != - ] && [ "$KIND" != sluice ]; then
+        wait_http "$port" "$pid" "$name" || die "$name did not answer on 127.0.0.1:$port"
+    fi
+    measure "$cid" "$LABEL" "$round" "$port" "$pid" "$name" "$uses_redis" "$admin" \
+        "$DURATION" "$DUR_S" manifest.tsv
+    [ "$pid" != - ] && stop_bg "$pid"
+    return 0
+}
+
+run_algorithm() {
+    local alg=$1 name="alg.$1" port admin
+    read -r port admin <<<"$(python3 "$LIB" ports 2)"
+    redis_cli FLUSHALL >/dev/null
+    sluice_conf "$TMP/conf/$name.toml" "$port" "$admin" redis 0 "$(alg_policy "$alg")" '"p"'
+    if ! start_sluice "$name" "$TMP/conf/$name.toml" "$port"; then
+        printf '%s\t%s\t1\t/dev/null\t-\t-\n' "$alg" "$alg" >>"$TMP/alg_manifest.tsv"
+        return 0
+    fi
+    measure "$alg" "$alg" 1 "$port" "$BG_PID" "$name" 1 "$admin" "$ALG_DURATION" "$ALG_DUR_S" alg_manifest.tsv
+    stop_bg "$BG_PID"
+}
+
+# ------------------------------------------------------------------ main
+UP_PORT=$(free_port)
+nginx_conf "$TMP/conf/upstream" "$UP_PORT" 1 "" '        location / {
+            return 200 "ok\n";
+        }'
+start_nginx upstream "$TMP/conf/upstream"
+UP_PID=$BG_PID
+wait_http "$UP_PORT" "$UP_PID" upstream || die "the upstream nginx did not start"
+log "upstream nginx on 127.0.0.1:$UP_PORT"
+
+REDIS_PORT=""
+if [ $needs_redis -eq 1 ]; then
+    REDIS_PORT=$(free_port)
+    mkdir -p "$TMP/redis"
+    start_bg redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --protected-mode yes \
+        --save '' --appendonly no --daemonize no --dir "$TMP/redis" --logfile ''
+    REDIS_PID=$BG_PID
+    for i in $(seq 100); do
+        [ "$(redis_cli PING 2>/dev/null)" = PONG ] && break
+        alive "$REDIS_PID" || { tail "$TMP/log/redis.log" >&2; die "redis-server exited"; }
+        sleep 0.1
+    done
+    [ "$(redis_cli PING 2>/dev/null)" = PONG ] || die "redis-server did not answer PING"
+    log "redis-server on 127.0.0.1:$REDIS_PORT"
+fi
+
+# Pre-flight: every sluice config must pass `sluice check` before any load is spent.
+if [ $needs_sluice -eq 1 ]; then
+    for cid in $CONTENDERS; do
+        contender_info "$cid"
+        [ "$KIND" = sluice ] || continue
+        sluice_conf "$TMP/conf/preflight.$cid.toml" 18080 19091 "$BACKEND" "$DENY" "$POLICIES" "$ROUTE_POL"
+        sluice_check "$TMP/conf/preflight.$cid.toml"
+    done
+    for alg in $ALGORITHMS; do
+        sluice_conf "$TMP/conf/preflight.$alg.toml" 18080 19091 redis 0 "$(alg_policy "$alg")" '"p"'
+        sluice_check "$TMP/conf/preflight.$alg.toml"
+    done
+    log "sluice check accepted every config ($SLUICE_VERSION)"
+fi
+
+# Header
+{
+    model=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo 2>/dev/null || true)
+    echo "# sluice benchmark"
+    echo
+    echo "- machine: $(nproc) CPU(s), ${model:-unknown CPU}, kernel $(uname -r), load average at start $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo "- command: \`DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WORKERS=$WORKERS WARMUP=$WARMUP ALG_DURATION=$ALG_DURATION $INVOCATION\`"
+    echo "- load: \`wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency http://127.0.0.1:PORT/\` per contender and round, $( [ "$WARMUP" = 0 ] && echo "no warm-up" || echo "after a $WARMUP unmeasured warm-up"); $ROUNDS round(s), order reversed on even rounds; median reported"
+    echo "- workers: nginx proxy worker_processes = HAProxy nbthread = sluice threads = $WORKERS; upstream nginx: 1 worker, \`return 200 \"ok\\n\"\`"
+    echo "- versions: sluice: $SLUICE_VERSION; $(nginx -v 2>&1 | head -n1); $(haproxy -v 2>&1 | head -n1 | cut -d' ' -f1-3); $(redis-server --version | cut -d' ' -f1-3); $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
+} >"$TMP/header.md"
+
+# Rounds: A B C ... then ... C B A, and so on.
+read -r -a order <<<"$CONTENDERS"
+for round in $(seq "$ROUNDS"); do
+    if [ $((round % 2)) -eq 0 ]; then
+        list=(); for ((i = ${#order[@]} - 1; i >= 0; i--)); do list+=("${order[$i]}"); done
+    else
+        list=("${order[@]}")
+    fi
+    for cid in "${list[@]}"; do run_contender "$cid" "$round"; done
+done
+
+for alg in $ALGORITHMS; do run_algorithm "$alg"; done
+
+mkdir -p "$(dirname "$OUT")"
+python3 "$LIB" report "$TMP" >"$TMP/report.md"
+cp "$TMP/report.md" "$OUT"
+echo
+cat "$TMP/report.md"
+echo
+log "report written to $OUT"
+if [ $FAILED -ne 0 ]; then
+    log "some runs FAILED (see Notes above)"
+    exit 1
+fi
