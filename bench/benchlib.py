@@ -6,7 +6,7 @@
     benchlib.py wait PORT SECS [PID] poll GET / on 127.0.0.1:PORT until any HTTP answer
     benchlib.py get PORT PATH        print the body of GET PATH on 127.0.0.1:PORT
     benchlib.py wrk FILE             one-line summary of a wrk output file
-    benchlib.py cpusnap ROOTPID FILE CPU ticks of every process outside ROOTPID's tree
+    benchlib.py cpusnap ROOTPID FILE [PGID]  CPU ticks outside ROOTPID's tree, and of PGID
     benchlib.py report RUNDIR        print the Markdown report for a finished run
 
 Only 127.0.0.1 is ever contacted.
@@ -110,16 +110,19 @@ def _proc_table():
         except (OSError, IndexError):
             continue
         # fields after "comm)": state ppid pgrp ... utime(14) stime cutime cstime ... starttime(22)
-        procs[int(d)] = {"ppid": int(f_[1]), "ticks": sum(int(x) for x in f_[11:15]),
-                         "start": int(f_[19])}
+        procs[int(d)] = {"ppid": int(f_[1]), "pgrp": int(f_[2]),
+                         "ticks": sum(int(x) for x in f_[11:15]),
+                         "own": int(f_[11]) + int(f_[12]), "start": int(f_[19])}
     return procs
 
 
-def cpu_snapshot(root, path):
+def cpu_snapshot(root, path, pgid=None):
     """Record CPU ticks (own + reaped children) of every process that is neither `root`
     and its descendants nor a kernel thread, so that a later snapshot shows how much
-    CPU the rest of the machine used meanwhile."""
+    CPU the rest of the machine used meanwhile; and the CPU ticks of the processes of
+    process group `pgid` (the contender)."""
     procs = _proc_table()
+    pg = sum(p["own"] for p in procs.values() if pgid is not None and p["pgrp"] == pgid)
     mine = {root, 2}
     changed = True
     while changed:
@@ -130,11 +133,12 @@ def cpu_snapshot(root, path):
                 changed = True
     snap = {f"{pid}:{p['start']}": p["ticks"] for pid, p in procs.items() if pid not in mine}
     with open(path, "w") as f:
-        f.write(repr({"t": time.monotonic(), "procs": snap}))
+        f.write(repr({"t": time.monotonic(), "procs": snap, "pg": pg if pgid else None}))
 
 
-def other_load(path0, path1):
-    """% of the whole machine's CPU used by other processes between two snapshots."""
+def cpu_between(path0, path1):
+    """(% of the whole machine's CPU used by other processes between two snapshots,
+        CPU seconds used by the contender's process group or None)"""
     import ast
     with open(path0) as f:
         a = ast.literal_eval(f.read())
@@ -149,7 +153,9 @@ def other_load(path0, path1):
         if k not in b["procs"]:
             ticks -= v
     secs = max(b["t"] - a["t"], 1e-6)
-    return max(0.0, 100.0 * ticks / hz / secs / (os.cpu_count() or 1))
+    other = max(0.0, 100.0 * ticks / hz / secs / (os.cpu_count() or 1))
+    pg = (b["pg"] - a["pg"]) / hz if a.get("pg") is not None and b.get("pg") is not None else None
+    return other, pg, secs
 
 
 # --------------------------------------------------------------------------- parsers
@@ -292,7 +298,10 @@ def load(rundir, manifest):
         base = wrkf[:-len(".wrk.txt")] if wrkf.endswith(".wrk.txt") else wrkf
         if os.path.exists(base + ".cpu0") and os.path.exists(base + ".cpu1"):
             try:
-                w["other"] = other_load(base + ".cpu0", base + ".cpu1")
+                w["other"], pg, secs = cpu_between(base + ".cpu0", base + ".cpu1")
+                if pg is not None:
+                    w["core_pct"] = 100.0 * pg / secs
+                    w["cpu_us_req"] = 1e6 * pg / max(w["requests"], 1)
             except (OSError, ValueError, SyntaxError):
                 pass
         if redisf != "-" and os.path.exists(redisf):
@@ -313,6 +322,8 @@ def summarize(run):
     s["rps"] = med([r["rps"] for r in ok])
     s["rps_all"] = [r["rps"] for r in sorted(ok, key=lambda r: r["round"])]
     s["other_all"] = [r.get("other") for r in sorted(ok, key=lambda r: r["round"])]
+    s["core_pct"] = med([r.get("core_pct") for r in ok])
+    s["cpu_us_req"] = med([r.get("cpu_us_req") for r in ok])
     s["p50"] = med([r["p50"] for r in ok])
     s["p99"] = med([r["p99"] for r in ok])
     s["non2xx_pct"] = med([100.0 * r["non2xx"] / max(r["requests"], 1) for r in ok])
@@ -349,12 +360,13 @@ def report(rundir):
         lines += ["", f"## Throughput and latency (median of {nrounds} round(s))", "",
                   "| # | contender | req/s | p50 (ms) | p99 (ms) | non-2xx (% of requests) "
                   "| ratio to upstream direct | ratio to sluice no policies "
+                  "| proxy CPU (% of a core) | proxy CPU µs / request "
                   "| req/s per round (other load) |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for cid in order:
             s, label = sums[cid], runs[cid]["label"]
             if "rps" not in s:
-                lines.append(f"| {cid} | {label} | FAILED | | | | | | |")
+                lines.append(f"| {cid} | {label} | FAILED | | | | | | | | |")
                 continue
             rounds = " / ".join(fmt_num(v) + (f" ({o:.0f}%)" if o is not None else "")
                                 for v, o in zip(s["rps_all"], s["other_all"]))
@@ -365,7 +377,8 @@ def report(rundir):
             lines.append(
                 f"| {cid} | {label} | {fmt_num(s['rps'])} | {fmt_ms(s['p50'])} | {fmt_ms(s['p99'])} "
                 f"| {fmt_num(s['non2xx'])} ({s['non2xx_pct']:.1f}%) "
-                f"| {fmt_ratio(s['rps'], base_up)} | {fmt_ratio(s['rps'], base_sl)} | {rounds} |")
+                f"| {fmt_ratio(s['rps'], base_up)} | {fmt_ratio(s['rps'], base_sl)} "
+                f"| {fmt_num(s['core_pct'])} | {fmt_num(s['cpu_us_req'], 1)} | {rounds} |")
             if s["failed"]:
                 notes.append(f"contender {cid}: {s['failed']} round(s) produced no wrk result")
             errs = {k: v for k, v in s.get("sockerr", {}).items() if v}
@@ -465,7 +478,7 @@ def main(argv):
               f"non-2xx {w['non2xx']:,} of {w['requests']:,}" + (f", socket errors {err}" if err else ""))
         return 0
     if cmd == "cpusnap":
-        cpu_snapshot(int(args[0]), args[1])
+        cpu_snapshot(int(args[0]), args[1], int(args[2]) if len(args) > 2 and args[2] != "-" else None)
         return 0
     if cmd == "report":
         return report(args[0])

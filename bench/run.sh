@@ -404,9 +404,9 @@ measure() {
     fi
     if [ "$uses_redis" = 1 ]; then redis_cli CONFIG RESETSTAT >/dev/null; fi
     log "round $round: [$id] $label: wrk -t$THREADS -c$CONNECTIONS -d$dur"
-    python3 "$LIB" cpusnap $$ "$base.cpu0" || true
+    python3 "$LIB" cpusnap $$ "$base.cpu0" "$pid" || true
     run_wrk "$port" "$dur_s" "$dur" "$base.wrk.txt" || rc=$?
-    python3 "$LIB" cpusnap $$ "$base.cpu1" || true
+    python3 "$LIB" cpusnap $$ "$base.cpu1" "$pid" || true
     if [ $rc -ne 0 ]; then
         note "[$id] round $round: wrk exited $rc: $(tail -n 3 "$base.wrk.txt" | tr '\n' ' ')"
         FAILED=1
