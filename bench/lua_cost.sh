@@ -2,15 +2,19 @@
 # Redis server CPU per decision of sluice's Lua scripts, one algorithm at a time.
 #
 # Usage: bench/lua_cost.sh [[LABEL=]LUA_DIR ...]      (default: current=<repo>/lua)
+#        bench/lua_cost.sh --script ALGORITHM [LUA_DIR]   print that script and exit
 #
 # For each algorithm it builds the script sluice sends for a one-policy request on that
 # algorithm, the way src/limiter/scripts.rs `source()` assembles it (common.lua, the
-# algorithm's file -- leaky_bucket also gets gcra.lua, ahead of it -- the generated
-# `local ALGORITHMS = { <alg> = <alg>, }` line, then decide.lua), loads it into a private
-# redis-server, drives it with redis-benchmark (EVALSHA, mode "decide", now "" so the
-# script reads TIME, a limit nothing reaches) and reads `usec_per_call` of
-# `cmdstat_evalsha` from INFO commandstats: the server CPU of one decision, TIME/GET/SET
-# included.
+# algorithm's file -- leaky_bucket also gets gcra.lua, ahead of it -- the generated line
+# naming the algorithm, then decide.lua; a unit test in scripts.rs holds the two to the
+# same text), loads it into a private redis-server, drives it with redis-benchmark
+# (EVALSHA, mode "decide", now "" so the script reads TIME, a limit nothing reaches) and
+# reads `usec_per_call` of `cmdstat_evalsha` from INFO commandstats: the server CPU of
+# one decision, TIME/GET/SET included. For gcra the call is
+#   EVALSHA <sha> 1 k{a}:p:gcra decide1 "" gcra 100000000 1000 100000000 "" 1
+# A LUA_DIR from before the current script contract (generated `local ALGORITHMS = {...}`
+# line, nine ARGV fields per check) is built and called the way it expects.
 #
 # Several LUA_DIRs (say a copy of lua/ from before a change, then lua/) are measured A/B:
 # every round measures every (algorithm, dir) pair, in reverse order on even rounds, and
@@ -42,7 +46,32 @@ REDIS_BENCHMARK=${REDIS_BENCHMARK:-redis-benchmark}
 die() { echo "lua_cost: error: $*" >&2; exit 1; }
 log() { echo "lua_cost: $*" >&2; }
 
-case "${1:-}" in -h|--help) sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;; esac
+
+# The script of a one-policy call on algorithm $2, from lua dir $1 (as scripts.rs source()).
+assemble() {
+    local dir=$1 alg=$2 f files=("$2")
+    [ "$alg" = leaky_bucket ] && files=(gcra leaky_bucket)
+    cat "$dir/common.lua"
+    for f in "${files[@]}"; do
+        printf '\n'
+        cat "$dir/$f.lua"
+    done
+    if grep -q 'NAME and ALGORITHM' "$dir/decide.lua"; then
+        printf "\nlocal ALGORITHM, NAME, ALGORITHMS = %s, '%s', nil\n" "$alg" "$alg"
+    else
+        printf '\nlocal ALGORITHMS = { %s = %s, }\n' "$alg" "$alg"
+    fi
+    cat "$dir/decide.lua"
+}
+
+if [ "${1:-}" = --script ]; then
+    if [ $# -lt 2 ] || [ ! -f "${3:-$ROOT/lua}/$2.lua" ]; then
+        die "usage: $0 --script ALGORITHM [LUA_DIR]"
+    fi
+    assemble "${3:-$ROOT/lua}" "$2"
+    exit 0
+fi
 for v in ROUNDS REQUESTS CLIENTS PORT; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer (got '${!v}')"
 done
@@ -55,7 +84,9 @@ DIRS=()
 [ $# -gt 0 ] || set -- "current=$ROOT/lua"
 for spec in "$@"; do
     if [[ $spec == *=* ]]; then label=${spec%%=*} dir=${spec#*=}; else label=$(basename "$spec") dir=$spec; fi
-    [ -f "$dir/decide.lua" ] && [ -f "$dir/common.lua" ] || die "$dir: not a lua/ directory (no common.lua/decide.lua)"
+    if [ ! -f "$dir/decide.lua" ] || [ ! -f "$dir/common.lua" ]; then
+        die "$dir: not a lua/ directory (no common.lua/decide.lua)"
+    fi
     LABELS+=("$label")
     DIRS+=("$(cd "$dir" && pwd)")
 done
@@ -87,24 +118,22 @@ for _ in $(seq 100); do cli ping >/dev/null 2>&1 && break; sleep 0.05; done
 cli ping >/dev/null 2>&1 || die "redis-server did not start: $(cat "$TMP/redis.log")"
 log "$("$REDIS_SERVER" --version | cut -d' ' -f1-3) on port $PORT; $ROUNDS rounds of $REQUESTS calls, $CLIENTS clients"
 
-# The script of a one-policy call on algorithm $2, from lua dir $1 (as scripts.rs source()).
-assemble() {
-    local dir=$1 alg=$2 f files=("$2")
-    [ "$alg" = leaky_bucket ] && files=(gcra leaky_bucket)
-    cat "$dir/common.lua"
-    for f in "${files[@]}"; do
-        printf '\n'
-        cat "$dir/$f.lua"
-    done
-    printf '\nlocal ALGORITHMS = { %s = %s, }\n' "$alg" "$alg"
-    cat "$dir/decide.lua"
-}
-
-# ARGV after the key: decide, now "" (TIME), charged_at "", then one check.
+# ARGV after the key, '|'-separated, for lua dir $1 and algorithm $2: decide with now ""
+# (read TIME), one check of cost 1 that nothing will deny (concurrency: lease 1).
 args_for() {
-    local alg=$1 lease=0
+    local dir=$1 alg=$2 lease=0
     [ "$alg" = concurrency ] && lease=1
-    echo "decide|||$alg|100000000|1000|100000000||60000|1|1|$lease"
+    if grep -q 'local FIELDS = 9' "$dir/decide.lua"; then
+        # mode, now, charged_at; algorithm, limit, period, burst, max_delay, lease_ms,
+        # cost, enforce, lease
+        echo "decide|||$alg|100000000|1000|100000000||60000|1|1|$lease"
+    elif [ "$alg" = concurrency ]; then
+        # mode with enforce flag, now; algorithm, limit, period, lease_ms, lease, cost
+        echo "decide1||$alg|100000000|1000|60000|$lease|1"
+    else
+        # mode with enforce flag, now; algorithm, limit, period, burst, max_delay, cost
+        echo "decide1||$alg|100000000|1000|100000000||1"
+    fi
 }
 
 declare -A SHA
@@ -114,17 +143,17 @@ for i in "${!DIRS[@]}"; do
         sha=$(cli -x SCRIPT LOAD <"$TMP/$i-$alg.lua")
         [[ $sha =~ ^[0-9a-f]{40}$ ]] || die "${LABELS[$i]} $alg: SCRIPT LOAD failed: $sha"
         SHA[$i,$alg]=$sha
-        # One call by hand: the script must answer {now, charged, 5 integers}.
-        IFS='|' read -r -a argv <<<"$(args_for "$alg")"
+        # One call by hand: the script must answer {now, charged, then a verdict}.
+        IFS='|' read -r -a argv <<<"$(args_for "${DIRS[$i]}" "$alg")"
         reply=$(cli EVALSHA "$sha" 1 "k{a}:p:$alg" "${argv[@]}" 2>&1 | tr '\n' ' ')
-        [ "$(wc -w <<<"$reply")" -eq 7 ] || die "${LABELS[$i]} $alg: unexpected reply: $reply"
+        [[ $reply =~ ^[0-9]+(\ [0-9]+){4,6}\ $ ]] || die "${LABELS[$i]} $alg: unexpected reply: $reply"
     done
 done
 
 # One measurement: usec_per_call of EVALSHA for (dir index $1, algorithm $2).
 measure() {
     local i=$1 alg=$2 stats calls failed
-    IFS='|' read -r -a argv <<<"$(args_for "$alg")"
+    IFS='|' read -r -a argv <<<"$(args_for "${DIRS[$i]}" "$alg")"
     cli FLUSHALL >/dev/null
     cli CONFIG RESETSTAT >/dev/null
     "$REDIS_BENCHMARK" -p "$PORT" -n "$REQUESTS" -c "$CLIENTS" -q \

@@ -1,75 +1,45 @@
--- common.lua: helpers shared by every algorithm (the first part of the assembled script).
+-- common.lua: the conventions every algorithm file follows (the first part of the script).
 --
 -- Not a script of its own: src/limiter/scripts.rs concatenates common.lua, the algorithm
--- files and decide.lua into one script, so these `local`s are visible to all that follow.
+-- files, a generated line naming them (see decide.lua) and decide.lua into one script, so
+-- the `local`s of one file are visible to all that follow.
 --
--- Numbers: every value is an integer number of milliseconds or units, held exactly in a
--- Lua 5.1 double while it stays below 2^53 (validated config keeps limit × period and
--- burst × period below that). Never divide with `/` alone: `idiv` floors exactly and
--- corrects the one-off a rounded quotient could cause. Numbers written to Redis go
--- through `int`, so they are stored as plain decimal integers, never "1.7e+12".
-
--- A whole number as decimal text.
-local function int(n)
-  return string.format('%d', n)
-end
-
--- Floor division: q, r with a = q*b + r and 0 <= r < b (b > 0).
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q, r = q - 1, r + b
-  elseif r >= b then
-    q, r = q + 1, r - b
-  end
-  return q, r
-end
-
--- ceil(a / b) for a >= 0, b > 0.
-local function ceil_div(a, b)
-  local q, r = idiv(a, b)
-  if r > 0 then q = q + 1 end
-  return q
-end
-
--- a / b truncated toward zero, as Rust's integer `/` does (b > 0).
-local function tdiv(a, b)
-  if a >= 0 then
-    return (idiv(a, b))
-  end
-  return -(idiv(-a, b))
-end
-
--- a mod b for a >= 0, b > 0.
-local function imod(a, b)
-  local _, r = idiv(a, b)
-  return r
-end
-
--- One policy's outcome: allowed, remaining, reset_ms, retry_after_ms, wait_ms.
-local function verdict(allowed, remaining, reset, retry, wait)
-  return {allowed, remaining, reset, retry, wait}
-end
-
--- The integers stored in a string key as "a:b:c", or nil when the key is absent.
-local function load_fields(key)
-  local text = redis.call('GET', key)
-  if not text then return nil end
-  local fields = {}
-  for part in string.gmatch(text, '[^:]+') do
-    fields[#fields + 1] = tonumber(part)
-  end
-  return fields
-end
-
--- Stores integers as "a:b:c" for `ttl` ms; a state that is already worthless is deleted.
-local function save_fields(key, fields, ttl)
-  if ttl <= 0 then
-    redis.call('DEL', key)
-    return
-  end
-  local parts = {}
-  for i, n in ipairs(fields) do parts[i] = int(n) end
-  redis.call('SET', key, table.concat(parts, ':'), 'PX', int(ttl))
-end
+-- Calling convention: each algorithm file defines one function named after its algorithm,
+--
+--   alg(key, at, now, op, cost, x, ...)
+--
+--   key  the check's key
+--   at   where the check's fields start in ARGV: ARGV[at + 1] .. ARGV[at + 5] are its
+--        algorithm, limit, period_ms, burst and max_delay_ms ("" = reject); concurrency
+--        reads lease_ms and its lease id in the places of burst and max_delay (decide.lua)
+--   now  the time in ms
+--   op   'peek'    decides, reading only. Returns allowed (a boolean), remaining,
+--                  reset_ms and delay_ms (allowed: the wait before the request passes;
+--                  denied: the retry-after), then the state a 'store' needs
+--        'decide'  the same, and when it allows, charges the check at once
+--        'store'   charges the check with state `x, ...` as a 'peek' returned it
+--        'refund'  takes back one charge of the check made at time `x`
+--        'release' (concurrency) frees lease `x`
+--   cost the check's cost, a number. decide.lua never charges a check of cost 0 (it only
+--        observes) nor refunds one.
+--
+-- Why one function per algorithm, and no helper functions: Redis runs the script's top
+-- level on every call, so every `function` in it makes a new closure every call, and with
+-- a closure per operation and per helper that cost more server CPU than a decision's
+-- arithmetic. For the same reason the functions use no upvalues (they read globals), build
+-- no tables, and take state apart with string.find/sub, not gmatch. Every VM instruction
+-- and library call shows in the server's CPU: bench/lua_cost.sh measures it.
+--
+-- Numbers: every value is an integer number of ms or units, held exactly in a Lua 5.1
+-- double while it stays below 2^53 (validated config keeps limit × period and burst ×
+-- period below that). For such a and b > 0, `a % b` (= a − floor(a/b)·b) is exact: a/b
+-- cannot round across an integer when |a| < 2^53. So, with no function call:
+--   floor(a / b) = (a - a % b) / b
+--   ceil(a / b)  = (a + (-a) % b) / b            (a >= 0)
+-- Text to number: `s + 0` (ARGV and replies are strings). Number to text: numbers sent to
+-- Redis go through string.format('%d', n), so they are plain decimal integers: Lua's own
+-- tostring/`..` print %.14g ("1.7953787950501e+12" past 14 digits), and Redis 7.2.0–7.2.4
+-- turn a Lua number argument such as 100000000 into "1e+08" (redis#13113).
+--
+-- Stored state keeps the text layout of earlier versions ("a:b" strings, the sorted sets),
+-- so instances of both versions can share one Redis during a rolling upgrade.

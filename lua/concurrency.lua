@@ -1,43 +1,53 @@
 -- concurrency: requests in flight. Allows when in-flight + 1 <= limit; a slot is held
 -- until its lease is released (response ended, client gone) or expires after `lease`.
+-- A check of cost 0 only observes: it is allowed, takes no slot, and reports the free ones.
 --
 -- KEYS:   the check's key, a sorted set: member = lease id (decimal text, never 0),
---         score = the lease's expiry (ms).
--- ARGV:   the check's rule (decide.lua parses it into `r`): limit, lease_ms, and the
---         lease id this request holds if admitted ("0": only look).
--- Returns concurrency.decide(key, r, now) -> verdict, state   (reads only)
---         concurrency.store(key, r, now, state)  takes the slot; TTL = latest expiry
---         concurrency.refund(key, r, now, at)    gives the slot back
---         concurrency.release(key, lease)        frees lease `lease` (decide.lua mode
---                                                "release")
-local concurrency = {}
-
-function concurrency.decide(key, r, now)
-  local held = redis.call('ZCOUNT', key, '(' .. int(now), '+inf')
-  local allowed = held + 1 <= r.limit
-  if allowed then held = held + 1 end
-  -- Slots free whenever a response ends; a second is the honest hint.
-  return verdict(allowed, math.max(r.limit - held, 0), 0, allowed and 0 or 1000, 0), nil
-end
-
-function concurrency.store(key, r, now, _)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
-  if r.lease ~= '0' then
-    redis.call('ZADD', key, int(now + r.lease_ms), r.lease)
+--         score = the lease's expiry (ms); TTL = the latest expiry.
+-- ARGV:   the check's limit, and in the places of burst and max_delay: lease_ms, and the
+--         lease id this request holds if admitted ("0": take no lease, only count).
+-- Calls:  as common.lua describes; 'store' needs no state; 'refund' gives the slot back
+--         (releases the check's lease); 'release' frees lease `x` (decide.lua's mode
+--         "release").
+local function concurrency(key, at, now, op, cost, x)
+  local argv = ARGV
+  local allowed, remaining, retry
+  local lease = x
+  if op ~= 'release' then lease = argv[at + 5] end
+  if op == 'release' or op == 'refund' then
+    redis.call('ZREM', key, lease)
+    if redis.call('ZCARD', key) == 0 then redis.call('DEL', key) end
+    return
+  end
+  local stamp = string.format('%d', now)
+  if op ~= 'store' then
+    local limit = argv[at + 2] + 0
+    local held = redis.call('ZCOUNT', key, '(' .. stamp, '+inf')
+    if cost == 0 then
+      allowed = true
+    else
+      allowed = held < limit
+      if allowed then held = held + 1 end
+    end
+    remaining = limit - held
+    if remaining < 0 then remaining = 0 end
+    -- Slots free whenever a response ends; a second is the honest hint.
+    retry = 1000
+    if allowed then retry = 0 end
+    if op ~= 'decide' or not allowed then
+      return allowed, remaining, 0, retry
+    end
+  end
+  -- Take the slot: drop expired leases, add this one, live until the latest expires.
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', stamp)
+  if lease ~= '0' then
+    redis.call('ZADD', key, string.format('%d', now + argv[at + 4]), lease)
   end
   local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if latest[2] and tonumber(latest[2]) > now then
-    redis.call('PEXPIRE', key, int(tonumber(latest[2]) - now))
+  if latest[2] and latest[2] + 0 > now then
+    redis.call('PEXPIRE', key, string.format('%d', latest[2] - now))
   else
     redis.call('DEL', key)
   end
-end
-
-function concurrency.release(key, lease)
-  redis.call('ZREM', key, lease)
-  if redis.call('ZCARD', key) == 0 then redis.call('DEL', key) end
-end
-
-function concurrency.refund(key, r, _, _)
-  concurrency.release(key, r.lease)
+  return allowed, remaining, 0, retry
 end

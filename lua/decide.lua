@@ -3,96 +3,132 @@
 --
 -- KEYS:   one key per check, `<key_prefix>{<hash>}:<policy>:<algorithm>`.
 -- ARGV[1] mode:
---           "decide"  evaluate every check (reading only); then, when every enforce
---                     check allows, charge every check that allowed, else charge none
+--           "decide" then one character per check, "1" if it is enforced, "0" if it is a
+--                     shadow ("decide1", "decide10", ...): evaluate every check (reading
+--                     only); then, when every enforced check allows, charge every check
+--                     that allowed, else charge none
 --           "peek"    evaluate only, charge nothing
 --           "refund"  take back one charge of every check, made at time ARGV[3]
---           "release" concurrency: free lease ARGV[3 + i] under KEYS[i]
+--           "release" concurrency: free lease ARGV[2 + i] under KEYS[i]
 -- ARGV[2] now in ms, or "" to read the server's clock (TIME)
--- ARGV[3] refund: the `now` of the decision being refunded ("release": see above)
--- ARGV[4 + 9·(i−1) ...] check i ("decide", "peek", "refund"): algorithm, limit,
---         period_ms, burst, max_delay_ms ("" when requests over the limit are rejected),
---         lease_ms, cost, enforce ("1" or "0"), lease id ("0" when none)
--- Returns "decide"/"peek": {now, charged (1/0), then per check: allowed (1/0), remaining,
---         reset_ms, retry_after_ms, wait_ms}; "refund"/"release": {now}.
+-- then six fields per check (for "refund" after ARGV[3]): algorithm, limit, period_ms,
+--         burst, max_delay_ms ("" when requests over the limit are rejected), cost;
+--         concurrency puts lease_ms in the place of burst and in that of max_delay the
+--         lease id the request takes if admitted ("0": none).
+-- Returns "decide"/"peek": {now, then per check: allowed (1/0), remaining, reset_ms,
+--         delay_ms (allowed: the wait before it passes; denied: the retry-after)};
+--         "refund"/"release": {now}. Whether a decide charged follows from the verdicts.
 --
--- Redis >= 5 replicates a script's effects, so reading TIME before writing is allowed;
--- redis.replicate_commands() only matters on 3.2–4.x and is a no-op after that.
+-- A check of cost 0 only observes: it is decided (always allowed, see the algorithm
+-- files) but never charged, so never refunded either.
+--
+-- Reading TIME before writing needs script effects replication, the default since Redis
+-- 5 (the oldest sluice supports), so the script does not call redis.replicate_commands().
+--
+-- Why so few arguments: Redis builds the ARGV table on every call, and a ninth element
+-- makes it grow once more; so one check takes eight.
 
--- ALGORITHMS (name -> table of the algorithm files included) is generated just above
--- this file by src/limiter/scripts.rs: a script holds only the algorithms its call uses.
-local FIELDS = 9
+-- Generated just above this file by src/limiter/scripts.rs, which includes only the
+-- algorithms the call uses: when that is one algorithm, ALGORITHM is its function and
+-- NAME its name (ALGORITHMS is nil: no table to build on every call); otherwise
+-- ALGORITHMS maps each name to its function. So the function for algorithm `name` is
+--   name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
+local FIELDS = 6
 
-local mode = ARGV[1]
-local now
-if ARGV[2] == '' then
-  if redis.replicate_commands then redis.replicate_commands() end
+local argv = ARGV
+local mode, now = argv[1], argv[2]
+if now == '' then
   local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local us = time[2] + 0
+  now = time[1] * 1000 + (us - us % 1000) / 1000
 else
-  now = tonumber(ARGV[2])
+  now = now + 0
+end
+local checks = #KEYS
+
+-- One check to decide or peek (the common case): a decide charges it in the same pass,
+-- when it allows.
+if checks == 1 and #argv == 2 + FIELDS then
+  local op
+  if mode == 'decide1' or mode == 'decide0' then
+    op = 'decide'
+  elseif mode == 'peek' then
+    op = 'peek'
+  end
+  if op then
+    local name, cost = argv[3], argv[8]
+    local run = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
+    if not run then return redis.error_reply('sluice: unknown algorithm ' .. name) end
+    -- Most requests cost 1: spare converting it.
+    if cost == '1' then
+      cost = 1
+    else
+      cost = cost + 0
+      if cost == 0 then op = 'peek' end
+    end
+    local allowed, remaining, reset, delay = run(KEYS[1], 2, now, op, cost)
+    return {now, allowed and 1 or 0, remaining, reset, delay}
+  end
 end
 
 if mode == 'release' then
-  for i, key in ipairs(KEYS) do
-    concurrency.release(key, ARGV[3 + i])
+  local release = NAME == 'concurrency' and ALGORITHM or ALGORITHMS.concurrency
+  for i = 1, checks do
+    release(KEYS[i], 0, now, 'release', 0, argv[2 + i])
   end
   return {now}
 end
 
-if #ARGV ~= 3 + FIELDS * #KEYS then
-  return redis.error_reply('sluice: ' .. #KEYS .. ' keys need ' .. (3 + FIELDS * #KEYS) ..
-    ' arguments, got ' .. #ARGV)
+-- The fields of check i follow ARGV[first + FIELDS·(i − 1)].
+local first = 2
+if mode == 'refund' then first = 3 end
+if #argv ~= first + FIELDS * checks then
+  return redis.error_reply('sluice: ' .. checks .. ' keys need ' ..
+    (first + FIELDS * checks) .. ' arguments, got ' .. #argv)
 end
-
-local rules = {}
-for i = 1, #KEYS do
-  local at = 3 + FIELDS * (i - 1)
-  local max_delay = nil
-  if ARGV[at + 5] ~= '' then max_delay = tonumber(ARGV[at + 5]) end
-  local r = {
-    algorithm = ARGV[at + 1],
-    limit = tonumber(ARGV[at + 2]),
-    period = tonumber(ARGV[at + 3]),
-    burst = tonumber(ARGV[at + 4]),
-    max_delay = max_delay,
-    lease_ms = tonumber(ARGV[at + 6]),
-    cost = tonumber(ARGV[at + 7]),
-    enforce = ARGV[at + 8] == '1',
-    lease = ARGV[at + 9],
-  }
-  if not ALGORITHMS[r.algorithm] then
-    return redis.error_reply('sluice: unknown algorithm ' .. tostring(r.algorithm))
-  end
-  rules[i] = r
+local runs, costs = {}, {}
+for i = 1, checks do
+  local at = first + FIELDS * (i - 1)
+  local name = argv[at + 1]
+  runs[i] = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
+  if not runs[i] then return redis.error_reply('sluice: unknown algorithm ' .. name) end
+  costs[i] = argv[at + 6] + 0
 end
 
 if mode == 'refund' then
-  local charged_at = tonumber(ARGV[3])
-  for i, key in ipairs(KEYS) do
-    ALGORITHMS[rules[i].algorithm].refund(key, rules[i], now, charged_at)
+  local charged_at = argv[3] + 0
+  for i = 1, checks do
+    if costs[i] > 0 then
+      runs[i](KEYS[i], first + FIELDS * (i - 1), now, 'refund', costs[i], charged_at)
+    end
   end
   return {now}
 end
 
-if mode ~= 'decide' and mode ~= 'peek' then
-  return redis.error_reply('sluice: unknown mode ' .. tostring(mode))
+local charge = #mode == 6 + checks and string.find(mode, '^decide[01]*$') ~= nil
+if not charge and mode ~= 'peek' then
+  return redis.error_reply('sluice: unknown mode ' .. mode)
 end
+-- Byte 49 is "1": enforced.
+local enforced = {string.byte(mode, 7, -1)}
 
-local verdicts, states = {}, {}
-local charge = mode == 'decide'
-for i, key in ipairs(KEYS) do
-  verdicts[i], states[i] = ALGORITHMS[rules[i].algorithm].decide(key, rules[i], now)
-  if rules[i].enforce and not verdicts[i][1] then charge = false end
+-- Evaluate all, keeping what each would store, then charge all or none.
+local reply, states = {now}, {}
+for i = 1, checks do
+  local at, r, s = first + FIELDS * (i - 1), 4 * i - 2, 3 * i - 2
+  local allowed
+  allowed, reply[r + 1], reply[r + 2], reply[r + 3], states[s], states[s + 1], states[s + 2] =
+    runs[i](KEYS[i], at, now, 'peek', costs[i])
+  reply[r] = allowed and 1 or 0
+  if not allowed and enforced[i] == 49 then charge = false end
 end
-
-local reply = {now, charge and 1 or 0}
-for i, key in ipairs(KEYS) do
-  local v = verdicts[i]
-  if charge and v[1] then
-    ALGORITHMS[rules[i].algorithm].store(key, rules[i], now, states[i])
+if charge then
+  for i = 1, checks do
+    local s = 3 * i - 2
+    if reply[4 * i - 2] == 1 and costs[i] > 0 then
+      runs[i](KEYS[i], first + FIELDS * (i - 1), now, 'store', costs[i],
+        states[s], states[s + 1], states[s + 2])
+    end
   end
-  reply[#reply + 1] = v[1] and 1 or 0
-  for j = 2, 5 do reply[#reply + 1] = v[j] end
 end
 return reply

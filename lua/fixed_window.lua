@@ -1,36 +1,50 @@
 -- fixed_window: one counter per window; windows are aligned to multiples of `period`
 -- since the Unix epoch. Allows when count + cost <= limit.
 --
--- KEYS:   the check's key, a string "<window start ms>:<count>".
--- ARGV:   the check's rule (decide.lua parses it into `r`): limit, period, cost.
--- Returns fixed_window.decide(key, r, now) -> verdict, state   (reads only)
---         fixed_window.store(key, r, now, state)  charges: writes state, TTL = window end
---         fixed_window.refund(key, r, now, at)    takes back one charge of r.cost made at `at`
-local fixed_window = {}
-
-function fixed_window.decide(key, r, now)
-  local start = now - imod(now, r.period)
-  local count = 0
-  local state = load_fields(key)
-  if state and state[1] == start then count = state[2] end
-  local reset = start + r.period - now
-  local allowed = count + r.cost <= r.limit
-  local after = count
-  if allowed then after = count + r.cost end
-  local v = verdict(allowed, math.max(r.limit - after, 0),
-    after > 0 and reset or 0, allowed and 0 or reset, 0)
-  return v, {start, after}
-end
-
-function fixed_window.store(key, r, now, state)
-  save_fields(key, state, state[1] + r.period - now)
-end
-
-function fixed_window.refund(key, r, now, at)
-  local start = at - imod(at, r.period)
-  local state = load_fields(key)
-  if state and state[1] == start then
-    state[2] = math.max(state[2] - r.cost, 0)
-    save_fields(key, state, start + r.period - now)
+-- KEYS:   the check's key, a string "<window start ms>:<count>", TTL = the window's end.
+-- ARGV:   the check's limit, period.
+-- Calls:  as common.lua describes; the state for 'store' is (start, count); 'refund'
+--         takes back cost from the count of the window of the charge, if still current.
+local function fixed_window(key, at, now, op, cost, x, y)
+  local start, count = x, y
+  local argv = ARGV
+  local allowed, remaining, reset, delay
+  local p = argv[at + 3] + 0
+  if op ~= 'store' then
+    local text = redis.call('GET', key)
+    local colon = text and string.find(text, ':', 1, true)
+    if op == 'refund' then
+      start = x - x % p
+      if not text or string.sub(text, 1, colon - 1) + 0 ~= start then return end
+      count = string.sub(text, colon + 1) - cost
+      if count < 0 then count = 0 end
+    else
+      local limit = argv[at + 2] + 0
+      start, count = now - now % p, 0
+      if text and string.sub(text, 1, colon - 1) + 0 == start then
+        count = string.sub(text, colon + 1) + 0
+      end
+      reset = start + p - now
+      allowed = cost == 0 or count + cost <= limit
+      -- delay: denied, the wait until the next window.
+      if allowed then
+        count, delay = count + cost, 0
+      else
+        delay = reset
+      end
+      remaining = limit - count
+      if remaining < 0 then remaining = 0 end
+      if count == 0 then reset = 0 end
+      if op ~= 'decide' or not allowed then
+        return allowed, remaining, reset, delay, start, count
+      end
+    end
   end
+  local ttl = start + p - now
+  if ttl > 0 then
+    redis.call('SET', key, string.format('%d:%d', start, count), 'PX', string.format('%d', ttl))
+  else
+    redis.call('DEL', key)
+  end
+  return allowed, remaining, reset, delay
 end

@@ -3,85 +3,93 @@
 -- Same contract as token_bucket, including on_exceed = "delay" up to max_delay.
 -- T is kept exact as a fraction of denominator `limit`: tat = ms + frac/limit.
 --
--- The shared core `tat_decide` also serves leaky_bucket (leaky_bucket.lua).
+-- The same function is leaky_bucket (leaky_bucket.lua): for a check whose algorithm is
+-- "leaky_bucket" it shapes instead, allowing while the queue's wait fits in burst·T.
 --
--- KEYS:   the check's key, a string "<tat ms>:<frac>" (0 <= frac < limit).
--- ARGV:   the check's rule (decide.lua parses it into `r`): limit, period, burst,
---         max_delay (absent: reject), cost.
--- Returns gcra.decide(key, r, now) -> verdict, state   (reads only)
---         gcra.store(key, r, now, state)  charges; TTL = until tat (rounded up)
---         gcra.refund(key, r, now, at)    moves tat back by cost·T
-local gcra = {}
-
--- shaping = false: gcra; true: leaky_bucket (allowed while the queue's wait fits in
--- burst·T, and the request waits its turn).
-local function tat_decide(key, r, now, shaping)
-  local limit, p = r.limit, r.period
-  local tolerance = r.burst * p
-  -- ahead = (tat − now) × limit, or 0 when tat is in the past.
-  local base_ms, base_frac = now, 0
-  local state = load_fields(key)
-  if state and state[1] >= now then base_ms, base_frac = state[1], state[2] end
-  local ahead = (base_ms - now) * limit + base_frac
-  local new_ahead = ahead + r.cost * p
-  local q, frac = idiv(new_ahead, limit)
-  local allowed, wait, over
-  if shaping then
-    allowed = ahead <= tolerance
-    wait = ceil_div(ahead, limit)
-    over = ceil_div(math.max(ahead - tolerance, 0), limit)
-  else
-    over = ceil_div(math.max(new_ahead - tolerance, 0), limit)
-    if r.max_delay then
-      allowed, wait = over <= r.max_delay, over
+-- KEYS:   the check's key, a string "<tat ms>:<frac>" (0 <= frac < limit), TTL = until
+--         tat (rounded up).
+-- ARGV:   the check's limit, period, burst, max_delay ("": reject).
+-- Calls:  as common.lua describes; the state for 'store' is the new tat (ms, frac);
+--         'refund' moves tat back by cost·T.
+local function gcra(key, at, now, op, cost, ms, frac)
+  local argv = ARGV
+  local allowed, remaining, reset, delay
+  if op ~= 'store' then
+    local limit, p = argv[at + 2] + 0, argv[at + 3] + 0
+    local text = redis.call('GET', key)
+    local colon = text and string.find(text, ':', 1, true)
+    if op == 'refund' then
+      if not text then return end
+      local back = cost * p
+      local back_frac = back % limit
+      ms = string.sub(text, 1, colon - 1) - (back - back_frac) / limit
+      frac = string.sub(text, colon + 1) - back_frac
+      if frac < 0 then ms, frac = ms - 1, frac + limit end
     else
-      allowed, wait = new_ahead <= tolerance, 0
+      local shaping = argv[at + 1] == 'leaky_bucket'
+      local tolerance = argv[at + 4] * p
+      -- ahead = (tat − now) × limit, or 0 when tat is in the past.
+      local ahead = 0
+      if text then
+        ahead = string.sub(text, 1, colon - 1) - now
+        if ahead < 0 then
+          ahead = 0
+        else
+          ahead = ahead * limit + string.sub(text, colon + 1)
+        end
+      end
+      local new_ahead = ahead + cost * p
+      -- delay: allowed, the wait before it may pass; denied, how long until it would
+      -- conform (ms, rounded up).
+      if cost == 0 then
+        -- Observes: neither queued nor booked ahead.
+        allowed, delay = true, 0
+      elseif shaping then
+        allowed = ahead <= tolerance
+        delay = ahead
+        if not allowed then delay = ahead - tolerance end
+        delay = (delay + (-delay) % limit) / limit
+      else
+        delay = 0
+        if new_ahead > tolerance then
+          delay = new_ahead - tolerance
+          delay = (delay + (-delay) % limit) / limit
+        end
+        local max_delay = argv[at + 5]
+        if max_delay == '' then
+          allowed = delay == 0
+        else
+          allowed = delay <= max_delay + 0
+        end
+      end
+      local after = ahead
+      if allowed then after = new_ahead end
+      if shaping then
+        -- Requests that could still join the queue now.
+        remaining = 0
+        if after <= tolerance then
+          remaining = tolerance - after
+          remaining = (remaining - remaining % p) / p + 1
+        end
+      else
+        remaining = tolerance - after
+        if remaining < 0 then remaining = 0 end
+        remaining = (remaining - remaining % p) / p
+      end
+      reset = (after + (-after) % limit) / limit
+      frac = new_ahead % limit
+      ms = now + (new_ahead - frac) / limit
+      if op ~= 'decide' or not allowed then
+        return allowed, remaining, reset, delay, ms, frac
+      end
     end
   end
-  local after = ahead
-  if allowed then after = new_ahead end
-  local remaining
-  if shaping then
-    -- Requests that could still join the queue now.
-    remaining = 0
-    if after <= tolerance then remaining = idiv(tolerance - after, p) + 1 end
+  local ttl = ms - now
+  if frac > 0 then ttl = ttl + 1 end
+  if ttl > 0 then
+    redis.call('SET', key, string.format('%d:%d', ms, frac), 'PX', string.format('%d', ttl))
   else
-    remaining = idiv(math.max(tolerance - after, 0), p)
+    redis.call('DEL', key)
   end
-  local v = verdict(allowed, remaining, ceil_div(after, limit),
-    allowed and 0 or over, allowed and wait or 0)
-  return v, {now + q, frac}
-end
-
-local function tat_ttl(now, state)
-  local ttl = state[1] - now
-  if state[2] > 0 then ttl = ttl + 1 end
-  return ttl
-end
-
-local function tat_store(key, now, state)
-  save_fields(key, state, tat_ttl(now, state))
-end
-
-local function tat_refund(key, r, now)
-  local state = load_fields(key)
-  if not state then return end
-  local q, frac = idiv(r.cost * r.period, r.limit)
-  state[1], state[2] = state[1] - q, state[2] - frac
-  if state[2] < 0 then
-    state[1], state[2] = state[1] - 1, state[2] + r.limit
-  end
-  save_fields(key, state, tat_ttl(now, state))
-end
-
-function gcra.decide(key, r, now)
-  return tat_decide(key, r, now, false)
-end
-
-function gcra.store(key, _, now, state)
-  tat_store(key, now, state)
-end
-
-function gcra.refund(key, r, now, _)
-  tat_refund(key, r, now)
+  return allowed, remaining, reset, delay
 end

@@ -2,85 +2,111 @@
 -- the part of it still inside the sliding period. Allows when
 -- prev × (period − elapsed) / period + curr + cost <= limit (compared multiplied by period).
 --
--- KEYS:   the check's key, a string "<current window start ms>:<prev>:<curr>".
--- ARGV:   the check's rule (decide.lua parses it into `r`): limit, period, cost.
--- Returns sliding_window.decide(key, r, now) -> verdict, state   (reads only)
---         sliding_window.store(key, r, now, state)  charges; TTL = start + 2 periods
---                                                   (1 when curr = 0)
---         sliding_window.refund(key, r, now, at)    takes back one charge made at `at`
-local sliding_window = {}
-
--- The wait until a denied request would fit, if nothing else arrives.
-local function sliding_retry(r, elapsed, prev, curr)
-  local p, limit, cost = r.period, r.limit, r.cost
-  -- Later in this window, as the previous window's weight fades.
-  local room = limit * p - (curr + cost) * p
-  if room >= 0 and prev > 0 then
-    local wait = tdiv(prev * (p - elapsed) - room + prev - 1, prev)
-    if elapsed + wait < p then return math.max(wait, 0) end
+-- KEYS:   the check's key, a string "<current window start ms>:<prev>:<curr>", TTL =
+--         start + 2 periods (1 when curr = 0).
+-- ARGV:   the check's limit, period.
+-- Calls:  as common.lua describes; the state for 'store' is (start, prev, curr); 'refund'
+--         takes back cost from the window of the charge, current or previous.
+local function sliding_window(key, at, now, op, cost, x, y, z)
+  local start, prev, curr = x, y, z
+  local argv = ARGV
+  local allowed, remaining, reset, retry
+  local p = argv[at + 3] + 0
+  if op ~= 'store' then
+    local text = redis.call('GET', key)
+    local stored
+    if text then
+      local c1 = string.find(text, ':', 1, true)
+      local c2 = string.find(text, ':', c1 + 1, true)
+      stored, prev, curr = string.sub(text, 1, c1 - 1) + 0,
+        string.sub(text, c1 + 1, c2 - 1) + 0, string.sub(text, c2 + 1) + 0
+    end
+    if op == 'refund' then
+      if not text then return end
+      start = x - x % p
+      if stored == start then
+        curr = curr - cost
+        if curr < 0 then curr = 0 end
+      elseif stored == start + p then
+        -- A later request opened the next window: the charge now sits in `prev`.
+        prev = prev - cost
+        if prev < 0 then prev = 0 end
+      else
+        return
+      end
+      start = stored
+    else
+      local limit = argv[at + 2] + 0
+      start = now - now % p
+      if stored ~= start then
+        if stored and stored + p == start then
+          prev, curr = curr, 0
+        else
+          prev, curr = 0, 0
+        end
+      end
+      local elapsed = now - start
+      local weighted_prev = prev * (p - elapsed)
+      allowed = cost == 0 or weighted_prev + (curr + cost) * p <= limit * p
+      retry = 0
+      if not allowed then
+        -- The wait until the request would fit, if nothing else arrives: later in this
+        -- window, as the previous window's weight fades ...
+        local room = (limit - curr - cost) * p
+        local wait
+        if room >= 0 and prev > 0 then
+          -- (prev × (period − elapsed) − room + prev − 1) / prev, truncated toward zero
+          local a = prev * (p - elapsed) - room + prev - 1
+          if a >= 0 then
+            wait = (a - a % prev) / prev
+          else
+            wait = -((-a - (-a) % prev) / prev)
+          end
+          if elapsed + wait >= p then
+            wait = nil
+          elseif wait < 0 then
+            wait = 0
+          end
+        end
+        -- ... or in the next window, where this window's count fades in turn.
+        if wait then
+          retry = wait
+        else
+          retry = p - elapsed + p
+          room = (limit - cost) * p
+          if room >= 0 then
+            local offset = 0
+            if curr ~= 0 then
+              local a = curr * p - room + curr - 1
+              if a > 0 then offset = (a - a % curr) / curr end
+            end
+            if offset < p then retry = p - elapsed + offset end
+          end
+        end
+      end
+      if allowed then curr = curr + cost end
+      remaining = limit * p - weighted_prev
+      if remaining < 0 then remaining = 0 end
+      remaining = (remaining - remaining % p) / p - curr
+      if remaining < 0 then remaining = 0 end
+      reset = 0
+      if curr > 0 then
+        reset = p - elapsed + p
+      elseif prev > 0 then
+        reset = p - elapsed
+      end
+      if op ~= 'decide' or not allowed then
+        return allowed, remaining, reset, retry, start, prev, curr
+      end
+    end
   end
-  -- In the next window, where this window's count fades in turn.
-  local to_next = p - elapsed
-  room = (limit - cost) * p
-  if room < 0 then return to_next + p end
-  local offset = 0
-  if curr ~= 0 then
-    offset = math.max(tdiv(curr * p - room + curr - 1, curr), 0)
-  end
-  if offset < p then return to_next + offset end
-  return to_next + p
-end
-
-function sliding_window.decide(key, r, now)
-  local p, limit, cost = r.period, r.limit, r.cost
-  local start = now - imod(now, p)
-  local prev, curr = 0, 0
-  local state = load_fields(key)
-  if state and state[1] == start then
-    prev, curr = state[2], state[3]
-  elseif state and state[1] + p == start then
-    prev, curr = state[3], 0
-  end
-  local elapsed = now - start
-  local weighted_prev = prev * (p - elapsed)
-  local allowed = weighted_prev + (curr + cost) * p <= limit * p
-  local curr_after = curr
-  if allowed then curr_after = curr + cost end
-  local room = idiv(math.max(limit * p - weighted_prev, 0), p)
-  local to_window_end = start + p - now
-  local reset = 0
-  if curr_after > 0 then
-    reset = to_window_end + p
-  elseif prev > 0 then
-    reset = to_window_end
-  end
-  local retry = 0
-  if not allowed then retry = sliding_retry(r, elapsed, prev, curr) end
-  local v = verdict(allowed, math.max(room - curr_after, 0), reset, retry, 0)
-  return v, {start, prev, curr_after}
-end
-
-local function sliding_ttl(r, now, state)
-  local span = r.period
-  if state[3] > 0 then span = 2 * r.period end
-  return state[1] + span - now
-end
-
-function sliding_window.store(key, r, now, state)
-  save_fields(key, state, sliding_ttl(r, now, state))
-end
-
-function sliding_window.refund(key, r, now, at)
-  local start = at - imod(at, r.period)
-  local state = load_fields(key)
-  if not state then return end
-  if state[1] == start then
-    state[3] = math.max(state[3] - r.cost, 0)
-  elseif state[1] == start + r.period then
-    -- A later request opened the next window: the charge now sits in `prev`.
-    state[2] = math.max(state[2] - r.cost, 0)
+  local ttl = start + p - now
+  if curr > 0 then ttl = ttl + p end
+  if ttl > 0 then
+    redis.call('SET', key, string.format('%d:%d:%d', start, prev, curr), 'PX',
+      string.format('%d', ttl))
   else
-    return
+    redis.call('DEL', key)
   end
-  save_fields(key, state, sliding_ttl(r, now, state))
+  return allowed, remaining, reset, retry
 end

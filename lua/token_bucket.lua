@@ -3,51 +3,64 @@
 -- (elapsed × limit) stays an integer. With on_exceed = "delay" a request may book tokens
 -- ahead (the count goes negative) when the wait for them is at most max_delay.
 --
--- KEYS:   the check's key, a string "<tokens × period>:<last refill ms>".
--- ARGV:   the check's rule (decide.lua parses it into `r`): limit, period, burst,
---         max_delay (absent: reject), cost.
--- Returns token_bucket.decide(key, r, now) -> verdict, state   (reads only)
---         token_bucket.store(key, r, now, state)  charges; TTL = until the bucket is full
---         token_bucket.refund(key, r, now, at)    puts r.cost tokens back
-local token_bucket = {}
-
-local function bucket_ttl(r, now, state)
-  local missing = math.max(r.burst * r.period - state[1], 0)
-  return state[2] + ceil_div(missing, r.limit) - now
-end
-
-function token_bucket.decide(key, r, now)
-  local p, limit = r.period, r.limit
-  local capacity = r.burst * p
-  local scaled, last = capacity, now
-  local state = load_fields(key)
-  if state then scaled, last = state[1], state[2] end
-  -- A clock that went back refills nothing.
-  local elapsed = math.max(now - last, 0)
-  scaled = math.min(scaled + elapsed * limit, capacity)
-  local need = r.cost * p
-  local short = math.max(need - scaled, 0)
-  local wait = ceil_div(short, limit)
-  local allowed
-  if r.max_delay then
-    allowed = wait <= r.max_delay
-  else
-    allowed = short == 0
+-- KEYS:   the check's key, a string "<tokens × period>:<last refill ms>", TTL = until the
+--         bucket is full again.
+-- ARGV:   the check's limit, period, burst, max_delay ("": reject).
+-- Calls:  as common.lua describes; the state for 'store' is (tokens × period, last);
+--         'refund' puts cost tokens back.
+local function token_bucket(key, at, now, op, cost, scaled, last)
+  local argv = ARGV
+  local allowed, remaining, reset, delay
+  local limit, p = argv[at + 2] + 0, argv[at + 3] + 0
+  local capacity = argv[at + 4] * p
+  if op ~= 'store' then
+    local text = redis.call('GET', key)
+    if text then
+      local colon = string.find(text, ':', 1, true)
+      scaled, last = string.sub(text, 1, colon - 1) + 0, string.sub(text, colon + 1) + 0
+    end
+    if op == 'refund' then
+      if not text then return end
+      scaled = scaled + cost * p
+      if scaled > capacity then scaled = capacity end
+    else
+      if not text then scaled, last = capacity, now end
+      -- Refill; a clock that went back refills nothing.
+      if now > last then
+        scaled = scaled + (now - last) * limit
+        last = now
+      end
+      if scaled > capacity then scaled = capacity end
+      local need = cost * p
+      -- Booked ahead (scaled < 0) even cost 0 looks short; it never waits.
+      local short = 0
+      if cost > 0 and need > scaled then short = need - scaled end
+      -- delay: allowed, the wait for booked tokens; denied, the wait until they refill.
+      delay = (short + (-short) % limit) / limit
+      local max_delay = argv[at + 5]
+      if max_delay == '' then
+        allowed = short == 0
+      else
+        allowed = delay <= max_delay + 0
+      end
+      if allowed then scaled = scaled - need end
+      remaining = 0
+      if scaled > 0 then remaining = (scaled - scaled % p) / p end
+      reset = capacity - scaled
+      reset = (reset + (-reset) % limit) / limit
+      if op ~= 'decide' or not allowed then
+        return allowed, remaining, reset, delay, scaled, last
+      end
+    end
   end
-  local after = scaled
-  if allowed then after = scaled - need end
-  local v = verdict(allowed, idiv(math.max(after, 0), p), ceil_div(capacity - after, limit),
-    allowed and 0 or wait, allowed and wait or 0)
-  return v, {after, math.max(now, last)}
-end
-
-function token_bucket.store(key, r, now, state)
-  save_fields(key, state, bucket_ttl(r, now, state))
-end
-
-function token_bucket.refund(key, r, now, _)
-  local state = load_fields(key)
-  if not state then return end
-  state[1] = math.min(state[1] + r.cost * r.period, r.burst * r.period)
-  save_fields(key, state, bucket_ttl(r, now, state))
+  -- Full again at last + ceil((capacity − tokens) / limit).
+  local ttl = capacity - scaled
+  if ttl < 0 then ttl = 0 end
+  ttl = last + (ttl + (-ttl) % limit) / limit - now
+  if ttl > 0 then
+    redis.call('SET', key, string.format('%d:%d', scaled, last), 'PX', string.format('%d', ttl))
+  else
+    redis.call('DEL', key)
+  end
+  return allowed, remaining, reset, delay
 end

@@ -351,8 +351,8 @@ async fn edge_cases_match() {
     }
 }
 
-/// Random batches of 2–4 checks over several algorithms, enforce and shadow mixed: the
-/// all-or-nothing rule must charge exactly the same on both.
+/// Random batches of 2–4 checks over several algorithms, enforce and shadow mixed, some of
+/// cost 0: the all-or-nothing rule must charge exactly the same on both.
 #[tokio::test]
 async fn batches_match_all_or_nothing() {
     let server = RedisServer::start();
@@ -394,7 +394,7 @@ async fn batches_match_all_or_nothing() {
                 check(
                     k,
                     *r,
-                    1 + rng.below(2),
+                    [0, 1, 1, 2][rng.below(4) as usize],
                     rng.below(4) != 0,
                     step * 10 + j as u64 + 1,
                 )
@@ -412,6 +412,69 @@ async fn batches_match_all_or_nothing() {
                 leases.push((c.key.clone(), c.lease));
             }
         }
+    }
+}
+
+/// A request of cost 0 only observes, on both backends alike: never denied or delayed, it
+/// charges nothing (takes no concurrency slot) and reports the current state, also when the
+/// policy is full, booked ahead (delay) or queued (leaky_bucket), alone or in a batch that
+/// is charged or denied.
+#[tokio::test]
+async fn cost_zero_only_observes() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut clock = TestClock::new();
+    let mut rules: Vec<Rule> = Algorithm::ALL
+        .into_iter()
+        .map(|a| rule(a, 3, 60_000, 2))
+        .collect();
+    rules.push(delayed(rule(Algorithm::TokenBucket, 10, 1_000, 1), 500));
+    rules.push(delayed(rule(Algorithm::Gcra, 10, 1_000, 1), 500));
+    let mut lease = 0;
+    for (n, r) in rules.into_iter().enumerate() {
+        let tag = format!("zero{n}");
+        let (k, fresh, full) = (
+            key(&tag, "p", &r),
+            key(&tag, "fresh", &r),
+            key(&tag, "full", &r),
+        );
+        let mut decide = async |checks: &[(&str, u64)], what: &str| {
+            let now = clock.now();
+            let checks: Vec<Check> = checks
+                .iter()
+                .map(|&(k, cost)| {
+                    lease += 1;
+                    check(k, r, cost, true, lease)
+                })
+                .collect();
+            twin.decide(&checks, now, &|| format!("{r:?} {what} at {now}"))
+                .await
+        };
+        let observed = |v: Verdict, what: &str| {
+            assert!(
+                v.allowed && v.wait_ms == 0 && v.retry_after_ms == 0,
+                "{r:?} {what}: {v:?}"
+            );
+        };
+        observed(decide(&[(&k, 0)], "empty").await[0], "empty");
+        // Fill `k` and `full` until a request of cost 1 is denied.
+        for (target, name) in [(&k, "fill"), (&full, "fill other")] {
+            let mut admitted = 0;
+            while decide(&[(target, 1)], name).await[0].allowed {
+                admitted += 1;
+                assert!(admitted < 50, "{r:?} never fills");
+            }
+        }
+        observed(decide(&[(&k, 0)], "full").await[0], "full");
+        let v = decide(&[(&k, 0), (&fresh, 1)], "charged batch").await;
+        observed(v[0], "charged batch");
+        let v = decide(&[(&fresh, 0), (&k, 0), (&full, 1)], "denied batch").await;
+        observed(v[0], "denied batch");
+        observed(v[1], "denied batch");
+        // Nothing was charged: the next requests see what they would have seen.
+        decide(&[(&k, 1)], "after").await;
+        decide(&[(&fresh, 1)], "after").await;
+        decide(&[(&k, 0)], "after").await;
     }
 }
 
@@ -770,7 +833,7 @@ async fn cluster_batches_across_slots_match_and_refund() {
                 check(
                     &pool[i].0,
                     pool[i].1,
-                    1,
+                    u64::from(rng.below(6) != 0),
                     rng.below(5) != 0,
                     step * 10 + i as u64 + 1,
                 )

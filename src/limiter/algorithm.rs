@@ -61,6 +61,10 @@ pub enum State {
 
 /// Decides one request of `cost` units at `now`. The returned state is what to store if
 /// the request is charged; a denied request never changes state.
+///
+/// `cost == 0` only observes: it is always allowed, never waits, charges nothing (the
+/// returned state decides the same as the given one) and reports the current `remaining`
+/// and `reset_ms`.
 pub fn decide(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
     match rule.algorithm {
         Algorithm::FixedWindow => fixed_window(rule, state, now, cost),
@@ -69,7 +73,7 @@ pub fn decide(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdi
         Algorithm::TokenBucket => token_bucket(rule, state, now, cost),
         Algorithm::Gcra => gcra(rule, state, now, cost, false),
         Algorithm::LeakyBucket => gcra(rule, state, now, cost, true),
-        Algorithm::Concurrency => acquire(rule, state, now, 0),
+        Algorithm::Concurrency => acquire(rule, state, now, 0, cost),
     }
 }
 
@@ -100,7 +104,7 @@ fn fixed_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Ver
         _ => 0,
     };
     let reset_ms = start + rule.period_ms - now;
-    let allowed = count + cost <= rule.limit;
+    let allowed = cost == 0 || count + cost <= rule.limit;
     let after = if allowed { count + cost } else { count };
     let verdict = Verdict {
         allowed,
@@ -135,7 +139,7 @@ fn sliding_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (V
     let (prev_w, curr_w, cost_w) = (prev as u128, curr as u128, cost as u128);
     // prev × (period − elapsed) / period + curr + cost ≤ limit, multiplied through by period.
     let weighted_prev = prev_w * (p - elapsed);
-    let allowed = weighted_prev + (curr_w + cost_w) * p <= limit * p;
+    let allowed = cost == 0 || weighted_prev + (curr_w + cost_w) * p <= limit * p;
     let curr_after = if allowed { curr + cost } else { curr };
     let room = (limit * p).saturating_sub(weighted_prev) / p;
     let remaining = room.saturating_sub(curr_after as u128) as u64;
@@ -212,7 +216,7 @@ fn sliding_log(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verd
         entries.pop_front();
         total -= c;
     }
-    let allowed = total + cost <= rule.limit;
+    let allowed = cost == 0 || total + cost <= rule.limit;
     let retry_after_ms = if allowed {
         0
     } else if cost > rule.limit {
@@ -255,7 +259,8 @@ fn token_bucket(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Ver
     let elapsed = now.saturating_sub(last) as i128;
     scaled = (scaled + elapsed * rule.limit as i128).min(capacity);
     let need = cost as i128 * p;
-    let short = (need - scaled).max(0);
+    // Booked ahead (scaled < 0), `need - scaled` is positive even for cost 0, which never waits.
+    let short = if cost == 0 { 0 } else { (need - scaled).max(0) };
     let wait = ceil_div(short as u128, rule.limit as u128) as u64;
     let allowed = match rule.max_delay_ms {
         Some(max_delay) => wait <= max_delay,
@@ -304,7 +309,10 @@ fn gcra(
         ms: new_ms,
         frac: (new_ahead % limit) as u64,
     };
-    let (allowed, wait, over) = if shaping {
+    let (allowed, wait, over) = if cost == 0 {
+        // Observes: neither queued nor booked ahead.
+        (true, 0, 0)
+    } else if shaping {
         (
             ahead <= tolerance,
             ceil_div(ahead, limit),
@@ -346,17 +354,26 @@ fn gcra(
     (verdict, state)
 }
 
-/// concurrency: takes a slot for lease `id` (0: just look) when one is free.
-pub fn acquire(rule: &Rule, state: Option<&State>, now: u64, id: u64) -> (Verdict, State) {
+/// concurrency: takes a slot for lease `id` (0: just look) when one is free. `cost == 0`
+/// only observes: always allowed, takes no slot, and `remaining` is the slots free now.
+pub fn acquire(
+    rule: &Rule,
+    state: Option<&State>,
+    now: u64,
+    id: u64,
+    cost: u64,
+) -> (Verdict, State) {
     let mut leases: Vec<(u64, u64)> = match state {
         Some(State::Leases(l)) => l.iter().copied().filter(|(_, exp)| *exp > now).collect(),
         _ => Vec::new(),
     };
-    let allowed = (leases.len() as u64) < rule.limit;
-    if allowed && id != 0 {
+    let observe = cost == 0;
+    let allowed = observe || (leases.len() as u64) < rule.limit;
+    let takes = allowed && !observe;
+    if takes && id != 0 {
         leases.push((id, now + rule.lease_ms));
     }
-    let held = leases.len() as u64 + u64::from(allowed && id == 0);
+    let held = leases.len() as u64 + u64::from(takes && id == 0);
     let verdict = Verdict {
         allowed,
         remaining: rule.limit.saturating_sub(held),
@@ -587,17 +604,90 @@ mod tests {
     #[test]
     fn concurrency_frees_released_and_expired_leases() {
         let r = rule(Algorithm::Concurrency, 2, 1_000, 2);
-        let (v, s) = acquire(&r, None, T0, 1);
+        let (v, s) = acquire(&r, None, T0, 1, 1);
         assert_eq!((v.allowed, v.remaining), (true, 1));
-        let (_, mut s) = acquire(&r, Some(&s), T0, 2);
-        assert!(!acquire(&r, Some(&s), T0, 3).0.allowed);
+        let (_, mut s) = acquire(&r, Some(&s), T0, 2, 1);
+        assert!(!acquire(&r, Some(&s), T0, 3, 1).0.allowed);
         release(&mut s, 1);
-        let (v, s) = acquire(&r, Some(&s), T0, 3);
+        let (v, s) = acquire(&r, Some(&s), T0, 3, 1);
         assert_eq!((v.allowed, v.remaining), (true, 0));
         assert!(
-            acquire(&r, Some(&s), T0 + 60_000, 4).0.allowed,
+            acquire(&r, Some(&s), T0 + 60_000, 4, 1).0.allowed,
             "leases expire"
         );
+    }
+
+    #[test]
+    fn cost_zero_only_observes() {
+        let mut rules: Vec<Rule> = Algorithm::ALL
+            .into_iter()
+            .filter(|a| *a != Algorithm::Concurrency)
+            .map(|a| rule(a, 4, 1_000, 3))
+            .collect();
+        for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+            let mut r = rule(algorithm, 10, 1_000, 2);
+            r.max_delay_ms = Some(500);
+            rules.push(r);
+        }
+        for r in rules {
+            let mut b = Bucket::new(r);
+            let fresh = b.hit(T0, 0);
+            let whole = match r.algorithm {
+                Algorithm::TokenBucket | Algorithm::Gcra => r.burst,
+                Algorithm::LeakyBucket => r.burst + 1,
+                _ => r.limit,
+            };
+            assert_eq!(
+                (fresh.allowed, fresh.remaining, fresh.reset_ms),
+                (true, whole, 0),
+                "{r:?}"
+            );
+            // Fill it (book ahead, queue up) until a request of cost 1 is denied.
+            let mut filled = 0;
+            while b.hit(T0 + 10, 1).allowed {
+                filled += 1;
+                assert!(filled < 100, "{r:?} never fills");
+            }
+            assert!(filled > 0, "{r:?}");
+            let denied = b.hit(T0 + 10, 1);
+            let before = b.state.clone();
+            let v = b.hit(T0 + 10, 0);
+            assert!(v.allowed, "{r:?}: cost 0 denied");
+            assert_eq!(
+                (v.wait_ms, v.retry_after_ms),
+                (0, 0),
+                "{r:?}: cost 0 delayed"
+            );
+            assert_eq!(
+                (v.remaining, v.reset_ms),
+                (denied.remaining, denied.reset_ms),
+                "{r:?}: cost 0 reports the current state"
+            );
+            assert_eq!(b.hit(T0 + 10, 1), denied, "{r:?}: cost 0 charged something");
+            if let (Some(before), Some(after)) = (&before, &b.state) {
+                let at = T0 + 10 + 2 * r.period_ms;
+                assert_eq!(
+                    decide(&r, Some(before), at, 1),
+                    decide(&r, Some(after), at, 1),
+                    "{r:?}"
+                );
+            }
+        }
+
+        let r = rule(Algorithm::Concurrency, 2, 1_000, 2);
+        let (v, s) = acquire(&r, None, T0, 9, 0);
+        assert_eq!(
+            (v.allowed, v.remaining, &s),
+            (true, 2, &State::Leases(Vec::new()))
+        );
+        let (_, s) = acquire(&r, Some(&s), T0, 1, 1);
+        let (_, mut s) = acquire(&r, Some(&s), T0, 2, 1);
+        assert!(!acquire(&r, Some(&s), T0, 3, 1).0.allowed);
+        let (v, after) = acquire(&r, Some(&s), T0, 3, 0);
+        assert_eq!((v.allowed, v.remaining, v.retry_after_ms), (true, 0, 0));
+        assert_eq!(after, s, "cost 0 took a slot");
+        release(&mut s, 1);
+        assert_eq!(acquire(&r, Some(&s), T0, 3, 0).0.remaining, 1);
     }
 
     #[test]

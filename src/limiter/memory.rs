@@ -71,7 +71,9 @@ impl MemoryBackend {
                 .filter(|e| e.expires > now)
                 .map(|e| &e.state);
             let outcome = match check.rule.algorithm {
-                Algorithm::Concurrency => algorithm::acquire(&check.rule, state, now, check.lease),
+                Algorithm::Concurrency => {
+                    algorithm::acquire(&check.rule, state, now, check.lease, check.cost)
+                }
                 _ => algorithm::decide(&check.rule, state, now, check.cost),
             };
             outcomes.push(outcome);

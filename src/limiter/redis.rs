@@ -158,18 +158,18 @@ impl Store {
         now: Option<u64>,
     ) -> Result<Vec<Verdict>, BackendError> {
         match self {
-            Store::Single(mut m) => decide_one(&mut m, &checks, checks.len(), now).await,
+            Store::Single(mut m) => decide_one(&mut m, &checks, now).await,
             Store::Sentinel(s) => {
                 let mut m = s.current()?;
                 let result = call(&mut m, Mode::Decide, &checks, now).await;
                 s.check(&result);
                 let values = result.map_err(|e| backend_error(&e))?;
-                Ok(scripts::decode(&values, checks.len())?.verdicts)
+                Ok(scripts::decode(&values, Mode::Decide, &enforce_flags(&checks))?.verdicts)
             }
             Store::Cluster(mut c) => {
                 let groups = by_slot(&checks);
                 if groups.len() == 1 {
-                    return decide_one(&mut c, &checks, checks.len(), now).await;
+                    return decide_one(&mut c, &checks, now).await;
                 }
                 decide_across_slots(c, checks, groups, now).await
             }
@@ -248,17 +248,20 @@ async fn call<'c>(
         .await
 }
 
-/// Decides `count` checks that may share one script call.
-async fn decide_one<'c>(
+/// Decides checks that may share one script call.
+async fn decide_one(
     conn: &mut impl ConnectionLike,
-    checks: impl IntoIterator<Item = &'c Check>,
-    count: usize,
+    checks: &[Check],
     now: Option<u64>,
 ) -> Result<Vec<Verdict>, BackendError> {
     let values = call(conn, Mode::Decide, checks, now)
         .await
         .map_err(|e| backend_error(&e))?;
-    Ok(scripts::decode(&values, count)?.verdicts)
+    Ok(scripts::decode(&values, Mode::Decide, &enforce_flags(checks))?.verdicts)
+}
+
+fn enforce_flags(checks: &[Check]) -> Vec<bool> {
+    checks.iter().map(|c| c.enforce).collect()
 }
 
 /// Check indexes grouped by cluster slot, in the order the slots first appear.
@@ -349,13 +352,13 @@ async fn call_groups(
         .map(|group| {
             let mut conn = conn.clone();
             let invocation = scripts::invocation(mode, group.iter().map(|&i| &checks[i]), now);
-            let count = group.len();
+            let enforce: Vec<bool> = group.iter().map(|&i| checks[i].enforce).collect();
             tokio::spawn(async move {
                 let values: Vec<i64> = invocation
                     .invoke_async(&mut conn)
                     .await
                     .map_err(|e| backend_error(&e))?;
-                scripts::decode(&values, count)
+                scripts::decode(&values, mode, &enforce)
             })
         })
         .collect();

@@ -1,16 +1,18 @@
 //! The limiter's Lua scripts: their text, their SHAs, and the KEYS/ARGV and reply of one call.
 //!
 //! Assembly: Redis runs one script per call, but `lua/` keeps one file per algorithm. A
-//! script is `common.lua` (integer helpers), the algorithm files a call needs (each defines
-//! one `local` table of functions: `decide` reads, `store` charges, `refund` undoes one
-//! charge), a generated `ALGORITHMS` table naming them, and last `decide.lua`, the entry
-//! point that parses ARGV and runs them all or nothing. Every file opens with its contract;
-//! `decide.lua`'s is the one a caller sees.
+//! script is `common.lua` (the conventions, no code), the algorithm files a call needs
+//! (each defines one `local` function named after its algorithm that decides, charges or
+//! refunds one check), a generated line naming them (`ALGORITHM` and `NAME` when there is
+//! one, else an `ALGORITHMS` table), and last `decide.lua`, the entry point that parses
+//! ARGV and runs them all or nothing. Every file opens with its contract; `decide.lua`'s is
+//! the one a caller sees.
 //!
 //! Why one script per set of algorithms rather than one for all: Redis runs a script's
-//! top level on every call, and defining all seven algorithms' functions there tripled the
-//! server CPU of a one-policy decision. At most 2^7 sets exist; each is built and hashed
-//! once, on first use, and called by its SHA.
+//! top level on every call, so every function defined there is made again on every call;
+//! a script defines only what its call can use. At most 2^7 sets exist; each is built and
+//! hashed once, on first use, and called by its SHA. `bench/lua_cost.sh` measures the
+//! server CPU of each algorithm's script.
 
 use std::sync::OnceLock;
 
@@ -61,13 +63,23 @@ fn source(set: AlgorithmSet) -> String {
             text.push_str(file);
         }
     }
-    text.push_str("\nlocal ALGORITHMS = {");
-    for (i, algorithm) in Algorithm::ALL.iter().enumerate() {
-        if set & (1 << i) != 0 {
-            text.push_str(&format!(" {0} = {0},", algorithm.name()));
+    let names: Vec<&str> = Algorithm::ALL
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| set & (1 << i) != 0)
+        .map(|(_, algorithm)| algorithm.name())
+        .collect();
+    // One algorithm (most calls): no table, built again on every call, to look it up.
+    text.push_str("\nlocal ALGORITHM, NAME, ALGORITHMS = ");
+    if let [name] = names[..] {
+        text.push_str(&format!("{name}, '{name}', nil\n"));
+    } else {
+        text.push_str("nil, nil, {");
+        for name in names {
+            text.push_str(&format!(" {name} = {name},"));
         }
+        text.push_str(" }\n");
     }
-    text.push_str(" }\n");
     text.push_str(ENTRY);
     text
 }
@@ -84,8 +96,9 @@ pub(crate) fn full_script() -> &'static Script {
     script(EVERY_ALGORITHM)
 }
 
-/// Reply integers per check, after the two header integers (now, charged).
-const REPLY_FIELDS: usize = 5;
+/// Reply integers per check, after `now`: allowed, remaining, reset_ms, and delay_ms (the
+/// wait when allowed, the retry-after when denied).
+const REPLY_FIELDS: usize = 4;
 
 /// What one call does with its checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,8 +121,9 @@ pub(crate) struct Reply {
     pub verdicts: Vec<Verdict>,
 }
 
-/// One call for `checks`: ARGV is mode, now, charged_at, then nine fields per check (see
-/// `lua/decide.lua`). `now` is `None` when the script should read Redis TIME.
+/// One call for `checks`: ARGV is the mode (for a decide, with each check's enforce flag),
+/// now, for a refund charged_at, then six fields per check (see `lua/decide.lua`). `now` is
+/// `None` when the script should read Redis TIME.
 pub(crate) fn invocation<'c>(
     mode: Mode,
     checks: impl IntoIterator<Item = &'c Check>,
@@ -118,26 +132,32 @@ pub(crate) fn invocation<'c>(
     let checks: Vec<&Check> = checks.into_iter().collect();
     let set = checks.iter().fold(0, |set, c| set | bit(c.rule.algorithm));
     let mut call = script(set).prepare_invoke();
-    let (name, charged_at) = match mode {
-        Mode::Decide => ("decide", String::new()),
-        Mode::Peek => ("peek", String::new()),
-        Mode::Refund { charged_at } => ("refund", charged_at.to_string()),
+    match mode {
+        Mode::Decide => {
+            let flags = checks.iter().map(|c| if c.enforce { '1' } else { '0' });
+            call.arg(format!("decide{}", flags.collect::<String>()))
+        }
+        Mode::Peek => call.arg("peek"),
+        Mode::Refund { .. } => call.arg("refund"),
     };
-    call.arg(name)
-        .arg(now.map(|n| n.to_string()).unwrap_or_default())
-        .arg(charged_at);
+    call.arg(now.map(|n| n.to_string()).unwrap_or_default());
+    if let Mode::Refund { charged_at } = mode {
+        call.arg(charged_at);
+    }
     for check in checks {
         let rule = &check.rule;
         call.key(&check.key)
             .arg(rule.algorithm.name())
             .arg(rule.limit)
-            .arg(rule.period_ms)
-            .arg(rule.burst)
-            .arg(rule.max_delay_ms.map(|d| d.to_string()).unwrap_or_default())
-            .arg(rule.lease_ms)
-            .arg(check.cost)
-            .arg(if check.enforce { "1" } else { "0" })
-            .arg(check.lease);
+            .arg(rule.period_ms);
+        if rule.algorithm == Algorithm::Concurrency {
+            // In the places of burst and max_delay, which concurrency has no use for.
+            call.arg(rule.lease_ms).arg(check.lease);
+        } else {
+            call.arg(rule.burst)
+                .arg(rule.max_delay_ms.map(|d| d.to_string()).unwrap_or_default());
+        }
+        call.arg(check.cost);
     }
     call
 }
@@ -145,37 +165,46 @@ pub(crate) fn invocation<'c>(
 /// Frees concurrency lease `lease` under `key`.
 pub(crate) fn release_invocation(key: &str, lease: u64) -> ScriptInvocation<'static> {
     let mut call = script(bit(Algorithm::Concurrency)).prepare_invoke();
-    call.key(key).arg("release").arg("").arg("").arg(lease);
+    call.key(key).arg("release").arg("").arg(lease);
     call
 }
 
-/// Reads a `Decide`/`Peek` reply for `checks` checks.
-pub(crate) fn decode(reply: &[i64], checks: usize) -> Result<Reply, BackendError> {
-    if reply.len() != 2 + REPLY_FIELDS * checks {
+/// Reads the reply of a `mode` call (`Decide` or `Peek`) for checks with these enforce
+/// flags, in the order they were passed.
+pub(crate) fn decode(reply: &[i64], mode: Mode, enforce: &[bool]) -> Result<Reply, BackendError> {
+    let checks = enforce.len();
+    if reply.len() != 1 + REPLY_FIELDS * checks {
         return Err(BackendError::Script(format!(
             "expected {} integers for {checks} checks, got {}",
-            2 + REPLY_FIELDS * checks,
+            1 + REPLY_FIELDS * checks,
             reply.len()
         )));
     }
     let whole = |n: i64| {
         u64::try_from(n).map_err(|_| BackendError::Script(format!("negative value {n} in reply")))
     };
-    let verdicts = reply[2..]
+    let verdicts = reply[1..]
         .chunks_exact(REPLY_FIELDS)
         .map(|v| {
+            let (allowed, delay) = (v[0] == 1, whole(v[3])?);
             Ok(Verdict {
-                allowed: v[0] == 1,
+                allowed,
                 remaining: whole(v[1])?,
                 reset_ms: whole(v[2])?,
-                retry_after_ms: whole(v[3])?,
-                wait_ms: whole(v[4])?,
+                retry_after_ms: if allowed { 0 } else { delay },
+                wait_ms: if allowed { delay } else { 0 },
             })
         })
         .collect::<Result<Vec<_>, BackendError>>()?;
+    // The script charges exactly when this holds.
+    let charged = mode == Mode::Decide
+        && verdicts
+            .iter()
+            .zip(enforce)
+            .all(|(v, enforce)| v.allowed || !enforce);
     Ok(Reply {
         now: whole(reply[0])?,
-        charged: reply[1] == 1,
+        charged,
         verdicts,
     })
 }
@@ -189,14 +218,19 @@ mod tests {
     #[test]
     fn a_script_holds_exactly_the_algorithms_of_its_set() {
         let all = source(EVERY_ALGORITHM);
+        // How each algorithm file defines its algorithm.
+        let defines = |algorithm: Algorithm| match algorithm {
+            Algorithm::LeakyBucket => "local leaky_bucket = gcra".to_owned(),
+            _ => format!("local function {}(", algorithm.name()),
+        };
         for algorithm in Algorithm::ALL {
-            assert!(
-                all.contains(&format!("local {} = {{}}", algorithm.name())),
-                "{algorithm:?}"
-            );
+            assert!(all.contains(&defines(algorithm)), "{algorithm:?}");
             let one = source(bit(algorithm));
             assert!(
-                one.contains(&format!(" {0} = {0},", algorithm.name())),
+                one.contains(&format!(
+                    "local ALGORITHM, NAME, ALGORITHMS = {0}, '{0}', nil\n",
+                    algorithm.name()
+                )),
                 "{algorithm:?}"
             );
             let others = Algorithm::ALL.iter().filter(|a| **a != algorithm);
@@ -204,12 +238,13 @@ mod tests {
                 others.filter(|a| !(algorithm == Algorithm::LeakyBucket && **a == Algorithm::Gcra))
             {
                 assert!(
-                    !one.contains(&format!("local {} = {{}}", other.name())),
+                    !one.contains(&defines(*other)),
                     "{algorithm:?} has {other:?}"
                 );
             }
         }
-        assert!(source(bit(Algorithm::LeakyBucket)).contains("local function tat_decide"));
+        assert!(source(bit(Algorithm::LeakyBucket)).contains(&defines(Algorithm::Gcra)));
+        assert!(all.contains(" gcra = gcra, leaky_bucket = leaky_bucket, "));
         assert!(all.trim_end().ends_with("return reply"));
         assert_ne!(
             script(bit(Algorithm::Gcra)).get_hash(),
@@ -218,8 +253,25 @@ mod tests {
         assert_eq!(full_script().get_hash().len(), 40);
     }
 
+    /// `bench/lua_cost.sh` measures the scripts it builds itself; they must be these.
     #[test]
-    fn checks_become_keys_and_nine_fields_each() {
+    fn the_benchmark_builds_the_same_scripts() {
+        let bench = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/lua_cost.sh");
+        for algorithm in Algorithm::ALL {
+            let out = std::process::Command::new("bash")
+                .args([bench, "--script", algorithm.name()])
+                .output()
+                .expect("bash runs bench/lua_cost.sh");
+            assert!(out.status.success(), "{algorithm:?}: {out:?}");
+            assert!(
+                out.stdout == source(bit(algorithm)).as_bytes(),
+                "{algorithm:?}: bench/lua_cost.sh builds another script than source()"
+            );
+        }
+    }
+
+    #[test]
+    fn checks_become_keys_and_six_fields_each() {
         let check = Check {
             key: "s:{h}:p:gcra".into(),
             rule: Rule {
@@ -237,14 +289,26 @@ mod tests {
         let packed = invocation(Mode::Refund { charged_at: 42 }, [&check, &check], Some(7));
         let text = format!("{packed:?}");
         assert!(
-            text.contains("args: 21") && text.contains("keys: 2"),
+            // mode, now, charged_at, then six fields per check.
+            text.contains("args: 15") && text.contains("keys: 2"),
+            "{text}"
+        );
+        // One check to decide: eight arguments, so Redis grows ARGV no further.
+        let text = format!("{:?}", invocation(Mode::Decide, [&check], None));
+        assert!(
+            text.contains("args: 8") && text.contains("keys: 1"),
             "{text}"
         );
     }
 
     #[test]
     fn replies_decode_to_verdicts() {
-        let reply = decode(&[99, 1, 1, 4, 300, 0, 100, 0, 0, 0, 1000, 0], 2).expect("valid reply");
+        let reply = decode(
+            &[99, 1, 4, 300, 100, 0, 0, 0, 1000],
+            Mode::Decide,
+            &[false, false],
+        )
+        .expect("valid reply");
         assert_eq!(reply.now, 99);
         assert!(reply.charged);
         assert_eq!(
@@ -266,7 +330,17 @@ mod tests {
                 },
             ]
         );
-        assert!(decode(&[99, 1, 1], 1).is_err());
-        assert!(decode(&[99, 1, 1, -4, 0, 0, 0], 1).is_err());
+        let charged = |mode, enforce: &[bool]| {
+            decode(&[99, 1, 4, 300, 100, 0, 0, 0, 1000], mode, enforce)
+                .expect("valid reply")
+                .charged
+        };
+        assert!(
+            !charged(Mode::Decide, &[false, true]),
+            "an enforced check denied"
+        );
+        assert!(!charged(Mode::Peek, &[false, false]));
+        assert!(decode(&[99, 1, 1], Mode::Decide, &[true]).is_err());
+        assert!(decode(&[99, 1, -4, 0, 0], Mode::Decide, &[true]).is_err());
     }
 }
