@@ -40,15 +40,20 @@ local function gcra(key, at, now, op, cost, ms, frac)
       end
       local new_ahead = ahead + cost * p
       -- delay: allowed, the wait before it may pass; denied, how long until it would
-      -- conform (ms, rounded up).
+      -- conform (ms, rounded up; a leaky_bucket's wait is rounded down, see below).
       if cost == 0 then
         -- Observes: neither queued nor booked ahead.
         allowed, delay = true, 0
       elseif shaping then
+        -- Allowed: leave in the millisecond the slot falls in (rounded down), so a
+        -- fast queue is not held a whole extra millisecond per request.
         allowed = ahead <= tolerance
-        delay = ahead
-        if not allowed then delay = ahead - tolerance end
-        delay = (delay + (-delay) % limit) / limit
+        if allowed then
+          delay = (ahead - ahead % limit) / limit
+        else
+          delay = ahead - tolerance
+          delay = (delay + (-delay) % limit) / limit
+        end
       else
         delay = 0
         if new_ahead > tolerance then

@@ -313,9 +313,11 @@ fn gcra(
         // Observes: neither queued nor booked ahead.
         (true, 0, 0)
     } else if shaping {
+        // The request leaves in the millisecond its slot falls in (rounded down): rounding
+        // up would hold every request of a fast queue a whole extra millisecond.
         (
             ahead <= tolerance,
-            ceil_div(ahead, limit),
+            ahead / limit,
             ceil_div(ahead.saturating_sub(tolerance), limit),
         )
     } else {
@@ -599,6 +601,16 @@ mod tests {
         assert_eq!((v.allowed, v.retry_after_ms), (false, 250));
         assert_eq!(b.hit(T0 + 250, 1).wait_ms, 750, "one left the queue");
         assert_eq!(b.hit(T0 + 10_000, 1).wait_ms, 0);
+    }
+
+    #[test]
+    fn a_fast_leaky_bucket_does_not_hold_requests_a_whole_millisecond() {
+        // 10 000 per second: ten slots per millisecond.
+        let mut b = Bucket::new(rule(Algorithm::LeakyBucket, 10_000, 1_000, 100));
+        let waits: Vec<u64> = (0..25).map(|_| b.hit(T0, 1).wait_ms).collect();
+        assert_eq!(&waits[..10], &[0; 10]);
+        assert_eq!(&waits[10..20], &[1; 10]);
+        assert_eq!(waits[20], 2);
     }
 
     #[test]

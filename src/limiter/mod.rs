@@ -291,7 +291,8 @@ impl Limiter {
                 rule: rule_of(policy),
                 cost: policy.cost,
                 enforce,
-                lease: if policy.algorithm == Algorithm::Concurrency {
+                // An observe-only (cost 0) concurrency policy holds no slot.
+                lease: if policy.algorithm == Algorithm::Concurrency && policy.cost > 0 {
                     self.next_lease()
                 } else {
                     0
