@@ -5,24 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::http::{self, Upstream};
-use common::{burst, count_status, Sluice};
-
-/// A config with one `respond` route per (route name, path, policies) and the given policies.
-fn config(server_extra: &str, policies: &str, routes: &[(&str, &str)]) -> String {
-    let mut out = format!(
-        "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\n{server_extra}\n[admin]\nlisten = \"{{admin}}\"\n{policies}\n"
-    );
-    for (name, policies) in routes {
-        out.push_str(&format!(
-            "[[routes]]\nname = \"{name}\"\npath = \"/{name}\"\nrespond = {{ status = 200, body = \"ok\\n\" }}\npolicies = [{policies}]\n"
-        ));
-    }
-    out
-}
-
-fn policy(name: &str, algorithm: &str, limit: u64, period: &str, key: &str, extra: &str) -> String {
-    format!("[policies.{name}]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nperiod = \"{period}\"\nkey = [{key}]\n{extra}\n")
-}
+use common::{burst, config, count_status, one_route_per_algorithm, policy, Sluice};
 
 const COUNTING: [&str; 5] = [
     "fixed_window",
@@ -34,19 +17,7 @@ const COUNTING: [&str; 5] = [
 
 #[test]
 fn each_counting_algorithm_admits_exactly_its_limit() {
-    let policies: String = COUNTING
-        .iter()
-        .map(|a| policy(a, a, 5, "1h", "", ""))
-        .collect();
-    let routes: Vec<(String, String)> = COUNTING
-        .iter()
-        .map(|a| (a.to_string(), format!("\"{a}\"")))
-        .collect();
-    let routes: Vec<(&str, &str)> = routes
-        .iter()
-        .map(|(a, b)| (a.as_str(), b.as_str()))
-        .collect();
-    let s = Sluice::start(&config("", &policies, &routes));
+    let s = Sluice::start(&one_route_per_algorithm("", "", &COUNTING, 5, "1h"));
     for a in COUNTING {
         let statuses: Vec<u16> = (0..8).map(|_| s.get(&format!("/{a}")).status).collect();
         assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429], "{a}");
@@ -60,19 +31,13 @@ fn each_counting_algorithm_admits_exactly_its_limit() {
 
 #[test]
 fn two_hundred_at_once_against_fifty_admit_exactly_fifty() {
-    let policies: String = COUNTING
-        .iter()
-        .map(|a| policy(a, a, 50, "1h", "", ""))
-        .collect();
-    let routes: Vec<(String, String)> = COUNTING
-        .iter()
-        .map(|a| (a.to_string(), format!("\"{a}\"")))
-        .collect();
-    let routes: Vec<(&str, &str)> = routes
-        .iter()
-        .map(|(a, b)| (a.as_str(), b.as_str()))
-        .collect();
-    let s = Sluice::start(&config("threads = 4", &policies, &routes));
+    let s = Sluice::start(&one_route_per_algorithm(
+        "",
+        "threads = 4",
+        &COUNTING,
+        50,
+        "1h",
+    ));
     for a in COUNTING {
         let responses = burst(s.addr, 200, &format!("/{a}"), &[]);
         assert_eq!(count_status(&responses, 200), 50, "{a}");
@@ -83,6 +48,7 @@ fn two_hundred_at_once_against_fifty_admit_exactly_fifty() {
 #[test]
 fn ietf_headers_count_down_and_429_carries_problem_body() {
     let s = Sluice::start(&config(
+        "",
         "",
         &policy("per_ip", "fixed_window", 3, "1h", "\"client_ip\"", ""),
         &[("a", "\"per_ip\"")],
@@ -122,6 +88,7 @@ fn legacy_headers_show_the_most_restrictive_policy() {
     let policies =
         policy("wide", "gcra", 100, "1m", "", "") + &policy("narrow", "gcra", 4, "1m", "", "");
     let s = Sluice::start(&config(
+        "",
         "headers = \"legacy\"",
         &policies,
         &[("a", "\"wide\", \"narrow\"")],
@@ -132,6 +99,7 @@ fn legacy_headers_show_the_most_restrictive_policy() {
     assert_eq!(r.header("x-ratelimit-reset"), Some("15"));
     assert_eq!(r.header("ratelimit"), None);
     let off = Sluice::start(&config(
+        "",
         "headers = \"off\"",
         &policies,
         &[("a", "\"wide\"")],
@@ -143,6 +111,7 @@ fn legacy_headers_show_the_most_restrictive_policy() {
 #[test]
 fn shadow_policies_never_block_but_are_counted() {
     let s = Sluice::start(&config(
+        "",
         "",
         &policy("dry", "fixed_window", 2, "1h", "", "mode = \"shadow\""),
         &[("a", "\"dry\"")],
@@ -170,7 +139,12 @@ fn shadow_policies_never_block_but_are_counted() {
 fn a_request_denied_by_one_policy_charges_none() {
     let policies = policy("per_user", "fixed_window", 2, "1h", "\"header:x-user\"", "")
         + &policy("global", "fixed_window", 3, "1h", "", "");
-    let s = Sluice::start(&config("", &policies, &[("a", "\"per_user\", \"global\"")]));
+    let s = Sluice::start(&config(
+        "",
+        "",
+        &policies,
+        &[("a", "\"per_user\", \"global\"")],
+    ));
     let as_user = |u: &str| s.get_with("/a", &[("X-User", u)]).status;
     assert_eq!(
         [as_user("u1"), as_user("u1"), as_user("u1"), as_user("u1")],
@@ -190,6 +164,7 @@ fn a_request_denied_by_one_policy_charges_none() {
 #[test]
 fn exempt_networks_are_never_limited() {
     let s = Sluice::start(&config(
+        "",
         "",
         &policy(
             "p",
@@ -227,7 +202,7 @@ fn every_key_part_separates_buckets() {
         .iter()
         .map(|(n, k)| policy(n, "fixed_window", 1, "1h", k, ""))
         .collect();
-    let mut template = config("trusted_proxies = [\"127.0.0.1/32\"]", &policies, &[]);
+    let mut template = config("", "trusted_proxies = [\"127.0.0.1/32\"]", &policies, &[]);
     for (n, _) in parts {
         template.push_str(&format!(
             "[[routes]]\nname = \"{n}\"\npath_prefix = \"/{n}\"\nrespond = {{ status = 200 }}\npolicies = [\"{n}\"]\n"
@@ -295,6 +270,7 @@ fn every_key_part_separates_buckets() {
 fn forwarded_for_from_an_untrusted_peer_does_not_evade_client_ip_limits() {
     let s = Sluice::start(&config(
         "",
+        "",
         &policy("ip", "gcra", 2, "1h", "\"client_ip\"", ""),
         &[("a", "\"ip\"")],
     ));
@@ -326,6 +302,7 @@ fn on_missing_deny_and_shared() {
     );
     let s = Sluice::start(&config(
         "",
+        "",
         &policies,
         &[("d", "\"deny\""), ("s", "\"shared\"")],
     ));
@@ -344,6 +321,7 @@ fn on_missing_deny_and_shared() {
 fn cost_charges_several_units() {
     let s = Sluice::start(&config(
         "",
+        "",
         &policy("p", "token_bucket", 5, "1h", "", "cost = 2"),
         &[("a", "\"p\"")],
     ));
@@ -356,6 +334,7 @@ fn cost_charges_several_units() {
 #[test]
 fn delay_mode_holds_requests_until_they_conform() {
     let s = Sluice::start(&config(
+        "",
         "",
         &policy(
             "p",
@@ -386,6 +365,7 @@ fn delay_mode_holds_requests_until_they_conform() {
 #[test]
 fn leaky_bucket_shapes_to_exactly_its_rate() {
     let s = Sluice::start(&config(
+        "",
         "",
         &policy("p", "leaky_bucket", 10, "1s", "", "burst = 3"),
         &[("a", "\"p\"")],
@@ -469,6 +449,7 @@ fn concurrency_slots_are_released_when_responses_end() {
 #[test]
 fn a_reload_that_keeps_a_policy_keeps_its_counts() {
     let template = config(
+        "",
         "",
         &policy("p", "fixed_window", 2, "1h", "", ""),
         &[("a", "\"p\"")],

@@ -8,26 +8,10 @@ use std::time::{Duration, Instant};
 
 use common::http;
 use common::redis::RedisServer;
-use common::{count_status, Sluice};
-
-fn config(limiter: &str, policies: &str, routes: &[(&str, &str)]) -> String {
-    let mut out = format!(
-        "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\nthreads = 2\n[admin]\nlisten = \"{{admin}}\"\n[limiter]\n{limiter}\n{policies}\n"
-    );
-    for (name, policies) in routes {
-        out.push_str(&format!(
-            "[[routes]]\nname = \"{name}\"\npath = \"/{name}\"\nrespond = {{ status = 200 }}\npolicies = [{policies}]\n"
-        ));
-    }
-    out
-}
+use common::{config, count_status, one_route_per_algorithm, policy, Sluice};
 
 fn redis_limiter(redis: &RedisServer, extra: &str) -> String {
     format!("backend = \"redis\"\nurl = \"{}\"\n{extra}", redis.url())
-}
-
-fn policy(name: &str, algorithm: &str, limit: u64, period: &str, extra: &str) -> String {
-    format!("[policies.{name}]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nperiod = \"{period}\"\nkey = []\n{extra}\n")
 }
 
 const FLEET: [&str; 4] = ["fixed_window", "sliding_log", "token_bucket", "gcra"];
@@ -35,21 +19,9 @@ const FLEET: [&str; 4] = ["fixed_window", "sliding_log", "token_bucket", "gcra"]
 #[test]
 fn three_instances_sharing_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start();
-    let policies: String = FLEET.iter().map(|a| policy(a, a, 50, "1h", "")).collect();
-    let routes: Vec<(String, String)> = FLEET
-        .iter()
-        .map(|a| (a.to_string(), format!("\"{a}\"")))
-        .collect();
-    let routes: Vec<(&str, &str)> = routes
-        .iter()
-        .map(|(a, b)| (a.as_str(), b.as_str()))
-        .collect();
     // A generous timeout and fail-closed: a slow answer must not turn into an admission.
-    let template = config(
-        &redis_limiter(&redis, "timeout = \"2s\"\non_error = \"deny\""),
-        &policies,
-        &routes,
-    );
+    let limiter = redis_limiter(&redis, "timeout = \"2s\"\non_error = \"deny\"");
+    let template = one_route_per_algorithm(&limiter, "threads = 2", &FLEET, 50, "1h");
     let fleet: Vec<Sluice> = (0..3).map(|_| Sluice::start(&template)).collect();
     for a in FLEET {
         let barrier = Arc::new(Barrier::new(300));
@@ -79,7 +51,8 @@ fn the_deny_cache_answers_over_limit_keys_without_redis() {
         redis.cli(&["CONFIG", "RESETSTAT"]);
         let s = Sluice::start(&config(
             &redis_limiter(&redis, &format!("deny_cache = {cache}\ntimeout = \"1s\"")),
-            &policy("p", "gcra", 2, "1m", ""),
+            "threads = 2",
+            &policy("p", "gcra", 2, "1m", "", ""),
             &[("a", "\"p\"")],
         ));
         let statuses: Vec<u16> = (0..10).map(|_| s.get("/a").status).collect();
@@ -127,7 +100,8 @@ fn redis_down_with_on_error_allow_answers_quickly_and_counts() {
     let mut redis = RedisServer::start();
     let s = Sluice::start(&config(
         &redis_limiter(&redis, "timeout = \"50ms\"\non_error = \"allow\""),
-        &policy("p", "gcra", 1000, "1m", ""),
+        "threads = 2",
+        &policy("p", "gcra", 1000, "1m", "", ""),
         &[("a", "\"p\"")],
     ));
     assert_eq!(s.get("/a").status, 200);
@@ -175,7 +149,8 @@ fn redis_down_with_on_error_deny_answers_503_problem() {
     let mut redis = RedisServer::start();
     let s = Sluice::start(&config(
         &redis_limiter(&redis, "timeout = \"50ms\"\non_error = \"deny\""),
-        &policy("p", "gcra", 1000, "1m", ""),
+        "threads = 2",
+        &policy("p", "gcra", 1000, "1m", "", ""),
         &[("a", "\"p\"")],
     ));
     assert_eq!(s.get("/a").status, 200);
@@ -197,7 +172,8 @@ fn redis_down_with_on_error_local_limits_in_memory() {
     let mut redis = RedisServer::start();
     let s = Sluice::start(&config(
         &redis_limiter(&redis, "timeout = \"50ms\"\non_error = \"local\""),
-        &policy("p", "fixed_window", 3, "1h", ""),
+        "threads = 2",
+        &policy("p", "fixed_window", 3, "1h", "", ""),
         &[("a", "\"p\"")],
     ));
     redis.kill();
@@ -208,10 +184,11 @@ fn redis_down_with_on_error_local_limits_in_memory() {
 #[test]
 fn a_policy_on_error_overrides_the_limiter_default() {
     let mut redis = RedisServer::start();
-    let policies = policy("open", "gcra", 1000, "1m", "")
-        + &policy("closed", "gcra", 1000, "1m", "on_error = \"deny\"");
+    let policies = policy("open", "gcra", 1000, "1m", "", "")
+        + &policy("closed", "gcra", 1000, "1m", "", "on_error = \"deny\"");
     let s = Sluice::start(&config(
         &redis_limiter(&redis, "timeout = \"50ms\"\non_error = \"allow\""),
+        "threads = 2",
         &policies,
         &[("o", "\"open\""), ("c", "\"closed\"")],
     ));
@@ -248,7 +225,8 @@ fn with_clock_redis_a_skewed_proxy_clock_changes_no_decision() {
                 &redis,
                 &format!("clock = \"{clock}\"\ntimeout = \"1s\"\ndeny_cache = 0"),
             ),
-            &policy("p", "fixed_window", 5, "1h", ""),
+            "threads = 2",
+            &policy("p", "fixed_window", 5, "1h", "", ""),
             &[("a", "\"p\"")],
         );
         let honest = Sluice::start(&template);
@@ -289,7 +267,7 @@ fn every_algorithm_works_end_to_end_on_redis_and_leaves_no_key_without_ttl() {
     ];
     let policies: String = algorithms
         .iter()
-        .map(|(a, extra)| policy(a, a, 2, "10s", extra))
+        .map(|(a, extra)| policy(a, a, 2, "10s", "", extra))
         .collect();
     let mut routes: Vec<(String, String)> = algorithms
         .iter()
@@ -309,6 +287,7 @@ fn every_algorithm_works_end_to_end_on_redis_and_leaves_no_key_without_ttl() {
         .collect();
     let mut template = config(
         &redis_limiter(&redis, "timeout = \"1s\""),
+        "threads = 2",
         &policies,
         &routes,
     );
@@ -357,6 +336,7 @@ fn a_fleet_on_a_redis_cluster_shares_limits_across_slots() {
                     [policies.global]\nalgorithm = \"sliding_log\"\nlimit = 6\nperiod = \"1h\"\nkey = []\n";
     let template = config(
         &limiter,
+        "threads = 2",
         policies,
         &[("a", "\"ip_fast\", \"ip_slow\", \"global\"")],
     );

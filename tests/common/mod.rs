@@ -193,6 +193,58 @@ impl Drop for Sluice {
     }
 }
 
+/// A config: `[limiter]` lines, extra `[server]` lines, policies, and one `respond` route
+/// per (name, quoted policy names) at path `/NAME`.
+pub fn config(
+    limiter: &str,
+    server_extra: &str,
+    policies: &str,
+    routes: &[(&str, &str)],
+) -> String {
+    let mut out = format!(
+        "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\n{server_extra}\n[admin]\nlisten = \"{{admin}}\"\n[limiter]\n{limiter}\n{policies}\n"
+    );
+    for (name, policies) in routes {
+        out.push_str(&format!(
+            "[[routes]]\nname = \"{name}\"\npath = \"/{name}\"\nrespond = {{ status = 200, body = \"ok\\n\" }}\npolicies = [{policies}]\n"
+        ));
+    }
+    out
+}
+
+/// One `[policies.NAME]` table; `key` is the inside of the key list, e.g. `"\"client_ip\""`.
+pub fn policy(
+    name: &str,
+    algorithm: &str,
+    limit: u64,
+    period: &str,
+    key: &str,
+    extra: &str,
+) -> String {
+    format!("[policies.{name}]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nperiod = \"{period}\"\nkey = [{key}]\n{extra}\n")
+}
+
+/// A config with one global policy per algorithm (named after it) and a route `/ALGORITHM` each.
+pub fn one_route_per_algorithm(
+    limiter: &str,
+    server_extra: &str,
+    algorithms: &[&str],
+    limit: u64,
+    period: &str,
+) -> String {
+    let policies: String = algorithms
+        .iter()
+        .map(|a| policy(a, a, limit, period, "", ""))
+        .collect();
+    let names: Vec<String> = algorithms.iter().map(|a| format!("\"{a}\"")).collect();
+    let routes: Vec<(&str, &str)> = algorithms
+        .iter()
+        .zip(&names)
+        .map(|(a, n)| (*a, n.as_str()))
+        .collect();
+    config(limiter, server_extra, &policies, &routes)
+}
+
 /// Fires `n` GETs at once (one thread each, released together) and returns their responses.
 pub fn burst(
     addr: SocketAddr,
