@@ -392,79 +392,12 @@ policies = ["per_ip"]
     assert!(s.child_alive());
 }
 
-/// Runs `openssl` with `args` in `dir`, failing the test with its output if it fails.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl is needed for the TLS test: apt-get install openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn tls_upstream_is_verified_against_its_sni_name() {
     let dir = common::TempDir::new();
     let d = dir.0.as_path();
     // A private CA and a certificate valid only for "upstream.test".
-    openssl(
-        d,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=sluice test CA",
-        ],
-    );
-    openssl(
-        d,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "srv.key",
-            "-out",
-            "srv.csr",
-            "-subj",
-            "/CN=upstream.test",
-        ],
-    );
-    std::fs::write(d.join("ext.cnf"), "subjectAltName=DNS:upstream.test\n").expect("write ext");
-    openssl(
-        d,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "srv.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "srv.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
+    common::tls_files(d, "DNS:upstream.test");
     let portfile = d.join("port");
     let mut server = std::process::Command::new("python3")
         .arg("tests/tls_upstream.py")

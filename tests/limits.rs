@@ -469,3 +469,21 @@ fn a_reload_that_keeps_a_policy_keeps_its_counts() {
         "the reload did not reset the limit"
     );
 }
+
+#[test]
+fn concurrency_slots_are_released_when_the_upstream_fails() {
+    let dead = format!("127.0.0.1:{}", common::free_port());
+    let template = format!(
+        "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\n[admin]\nlisten = \"{{admin}}\"\n[upstreams.u]\nservers = [\"{dead}\"]\nconnect_timeout = \"200ms\"\n\
+         [policies.c]\nalgorithm = \"concurrency\"\nlimit = 1\nkey = []\n[[routes]]\nname = \"a\"\nupstream = \"u\"\npolicies = [\"c\"]\n"
+    );
+    let s = Sluice::start(&template);
+    // Each request holds the only slot, fails upstream, and must give the slot back.
+    for _ in 0..4 {
+        assert_eq!(s.get("/").status, 502);
+    }
+    assert_eq!(
+        s.metric(r#"sluice_decisions_total{decision="allowed",policy="c",route="a"}"#),
+        4.0
+    );
+}

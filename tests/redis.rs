@@ -361,3 +361,42 @@ fn a_fleet_on_a_redis_cluster_shares_limits_across_slots() {
         .count();
     assert!(keys >= 2, "state is spread over several nodes");
 }
+
+#[test]
+fn rediss_verifies_the_server_against_the_trusted_cas() {
+    let dir = common::TempDir::new();
+    common::tls_files(&dir.0, "IP:127.0.0.1");
+    let tls_port = common::free_port().to_string();
+    let file = |name: &str| dir.0.join(name).display().to_string();
+    let (cert, key, ca) = (file("srv.pem"), file("srv.key"), file("ca.pem"));
+    let redis = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let limiter = format!("backend = \"redis\"\nurl = \"rediss://127.0.0.1:{tls_port}/0\"\ntimeout = \"1s\"\non_error = \"deny\"");
+    let template = config(
+        &limiter,
+        "",
+        &policy("p", "gcra", 2, "1m", "", ""),
+        &[("a", "\"p\"")],
+    );
+    // The private CA is trusted the way operators add one: the system store or SSL_CERT_FILE.
+    let s = Sluice::start_with_env(&template, &[("SSL_CERT_FILE", ca.as_str())]);
+    let statuses: Vec<u16> = (0..3).map(|_| s.get("/a").status).collect();
+    assert_eq!(statuses, [200, 200, 429]);
+    assert!(
+        redis.cli(&["KEYS", "sluice:*"]).contains(":p:gcra"),
+        "state went over TLS"
+    );
+    // Without the CA the server is not trusted: fail closed, never unverified.
+    let untrusted = Sluice::start_with_env(&template, &[("SSL_CERT_FILE", "/nonexistent")]);
+    assert_eq!(untrusted.get("/a").status, 503);
+}

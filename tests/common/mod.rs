@@ -193,6 +193,79 @@ impl Drop for Sluice {
     }
 }
 
+/// Runs `openssl` with `args` in `dir`, failing the test with its output if it fails.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl is needed for TLS tests: apt-get install openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes a private CA (`ca.pem`) and a server certificate (`srv.pem`, `srv.key`) valid only
+/// for `san` (e.g. "DNS:upstream.test" or "IP:127.0.0.1") into `dir`.
+pub fn tls_files(dir: &std::path::Path, san: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=sluice test CA",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "srv.key",
+            "-out",
+            "srv.csr",
+            "-subj",
+            "/CN=sluice test server",
+        ],
+    );
+    std::fs::write(dir.join("ext.cnf"), format!("subjectAltName={san}\n")).expect("write ext.cnf");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "srv.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "srv.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+}
+
 /// A config: `[limiter]` lines, extra `[server]` lines, policies, and one `respond` route
 /// per (name, quoted policy names) at path `/NAME`.
 pub fn config(
