@@ -11,14 +11,12 @@
 //! same millisecond does the test clock move on with it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[allow(dead_code)]
-#[path = "common/redis.rs"]
-mod redis_harness;
+mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redis_harness::{RedisCluster, RedisSentinel, RedisServer};
+use common::redis::{RedisCluster, RedisSentinel, RedisServer};
 use sluice::config::{self, Algorithm, ClockSource, OnError};
 use sluice::limiter::algorithm::{Rule, Verdict};
 use sluice::limiter::backend::{Backend, Check};

@@ -1,11 +1,11 @@
 //! Real `redis-server` processes for tests (one server, a 3-master cluster, a Sentinel), killed on drop.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use super::{free_port, TempDir};
 
 const INSTALL: &str = "install it with `apt-get install redis-server redis-tools` (or `make deps`)";
 
@@ -21,36 +21,6 @@ fn require(binary: &str) {
         found,
         "`{binary}` is needed by the Redis tests but was not found: {INSTALL}"
     );
-}
-
-/// A TCP port nobody listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// A scratch directory for a server's files, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(what: &str) -> Scratch {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "sluice-{what}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).expect("create scratch dir");
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Whether a Redis on `port` answers PING (with PONG, or NOAUTH when it wants a password).
@@ -88,7 +58,7 @@ pub struct RedisServer {
     port: u16,
     args: Vec<String>,
     child: Option<Child>,
-    dir: Scratch,
+    dir: TempDir,
 }
 
 impl RedisServer {
@@ -105,7 +75,7 @@ impl RedisServer {
             port: free_port(),
             args: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
-            dir: Scratch::new("redis"),
+            dir: TempDir::new(),
         };
         server.spawn();
         server
@@ -260,14 +230,14 @@ impl RedisCluster {
 /// A Redis Sentinel watching one master under a name.
 pub struct RedisSentinel {
     server: RedisServer,
-    _conf: Scratch,
+    _conf: TempDir,
 }
 
 impl RedisSentinel {
     /// Starts a Sentinel that monitors `master` as `name` (quorum 1), and waits until it
     /// names the master's address.
     pub fn start(master: &RedisServer, name: &str) -> RedisSentinel {
-        let conf = Scratch::new("sentinel");
+        let conf = TempDir::new();
         let file = conf.0.join("sentinel.conf");
         std::fs::write(
             &file,
@@ -283,7 +253,7 @@ impl RedisSentinel {
             port: free_port(),
             args: Vec::new(),
             child: None,
-            dir: Scratch::new("sentinel-run"),
+            dir: TempDir::new(),
         };
         // `redis-server FILE --sentinel` takes the config file first; spawn by hand.
         let log = std::fs::File::create(server.dir.0.join("redis.log")).expect("sentinel log file");
