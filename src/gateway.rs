@@ -57,8 +57,6 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
     pub config_path: PathBuf,
-    /// Runs backend connections, health checks, reloads and lease releases.
-    pub io: tokio::runtime::Handle,
     /// Requests being handled now (for draining on SIGTERM).
     pub in_flight: AtomicUsize,
 }

@@ -43,7 +43,6 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
         metrics,
         clock,
         config_path,
-        io: io.handle().clone(),
         in_flight: AtomicUsize::new(0),
     });
     let mut hangups = io.block_on(async { signal(SignalKind::hangup()) })?;
