@@ -116,6 +116,9 @@ pub struct Limiter {
     breaker: Breaker,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
+    /// This backend's series, resolved once: every decision touches them.
+    backend_up: prometheus::IntGauge,
+    decision_time: prometheus::Histogram,
     leases: AtomicU64,
 }
 
@@ -159,10 +162,11 @@ impl Limiter {
             (_, Some(p)) if policies_same => p.deny_cache.clone(),
             _ => Some(DenyCache::new(settings.deny_cache)),
         };
-        metrics
-            .backend_up
-            .with_label_values(&[backend.name()])
-            .set(1);
+        let backend_up = metrics.backend_up.with_label_values(&[backend.name()]);
+        backend_up.set(1);
+        let decision_time = metrics
+            .limiter_duration
+            .with_label_values(&[backend.name()]);
         Ok(Limiter {
             settings,
             backend,
@@ -171,6 +175,8 @@ impl Limiter {
             breaker: Breaker::default(),
             clock,
             metrics,
+            backend_up,
+            decision_time,
             leases: AtomicU64::new(rand::random::<u64>() | 1),
         })
     }
@@ -339,14 +345,11 @@ impl Limiter {
             }
         };
         let name = self.backend.name();
-        self.metrics
-            .limiter_duration
-            .with_label_values(&[name])
-            .observe(started.elapsed().as_secs_f64());
+        self.decision_time.observe(started.elapsed().as_secs_f64());
         match result {
             Ok(verdicts) => {
                 self.breaker.failures.store(0, Ordering::Relaxed);
-                self.metrics.backend_up.with_label_values(&[name]).set(1);
+                self.backend_up.set(1);
                 verdicts
                     .into_iter()
                     .map(|v| (Ok(v), self.backend.clone()))
@@ -358,7 +361,7 @@ impl Limiter {
                     .with_label_values(&[name, e.kind()])
                     .inc();
                 if e != BackendError::CircuitOpen {
-                    self.metrics.backend_up.with_label_values(&[name]).set(0);
+                    self.backend_up.set(0);
                     let failures = self.breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
                     if failures >= BREAKER_THRESHOLD {
                         let until = now + BREAKER_OPEN.as_millis() as u64;
