@@ -17,6 +17,8 @@ pub struct Metrics {
     pub upstream_duration: HistogramVec,
     pub config_reloads: IntCounterVec,
     pub build_info: GaugeVec,
+    pub connections: IntGaugeVec,
+    pub connections_rejected: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -68,6 +70,26 @@ impl Metrics {
         build
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1.0);
+        let connections = IntGaugeVec::new(
+            Opts::new("sluice_connections", "Open client connections"),
+            &["protocol"],
+        )
+        .expect("valid gauge");
+        r.register(Box::new(connections.clone()))
+            .expect("unique metric name");
+        let connections_rejected = counter(
+            &r,
+            "sluice_connections_rejected_total",
+            "Client connections closed by a bound: per_ip cap, header_timeout, body_timeout",
+            &["reason"],
+        );
+        // Every series exists at 0 from start-up, so rate() sees the first event.
+        for protocol in ["http1", "h2"] {
+            connections.with_label_values(&[protocol]).set(0);
+        }
+        for reason in ["per_ip", "header_timeout", "body_timeout"] {
+            connections_rejected.with_label_values(&[reason]).reset();
+        }
         Metrics {
             http_requests: counter(
                 &r,
@@ -122,6 +144,8 @@ impl Metrics {
                 &["result"],
             ),
             build_info: build,
+            connections,
+            connections_rejected,
             registry: r,
         }
     }

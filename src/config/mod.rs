@@ -35,6 +35,16 @@ pub struct Server {
     pub client_ip_header: String,
     pub access_log: AccessLog,
     pub headers: HeaderStyle,
+    /// The whole request header must arrive within this (else 408 and close).
+    pub header_timeout: Duration,
+    /// Longest pause between two reads of a request body (else 408 and close).
+    pub body_timeout: Duration,
+    /// A keep-alive connection waiting for its next request is closed after this.
+    pub idle_timeout: Duration,
+    /// Bytes; 0 = unlimited. Routes may override it.
+    pub max_request_body: u64,
+    /// Open client connections one address may hold; 0 = unlimited.
+    pub max_connections_per_ip: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,6 +220,8 @@ pub struct Route {
     pub target: Target,
     /// Indexes into `Config::policies`.
     pub policies: Vec<usize>,
+    /// Overrides `[server] max_request_body` for this route (0 = unlimited).
+    pub max_request_body: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -211,6 +211,34 @@ impl<'a> Table<'a> {
         found.map(|(_, v)| *v)
     }
 
+    /// A duration that must be at least 1ms.
+    fn positive_duration(&self, key: &str, default: Duration) -> Duration {
+        match self.duration(key) {
+            Some(d) if d.value.is_zero() => {
+                self.p.at(&d.span, format!("`{key}` must be at least 1ms"));
+                default
+            }
+            Some(d) => d.value,
+            None => default,
+        }
+    }
+
+    /// A size in bytes: "512KB", "10MB", "1GB", "100B" or a bare number of bytes.
+    fn size(&self, key: &str) -> Option<u64> {
+        let s = self.string(key)?;
+        let parsed = parse_size(&s.value);
+        if parsed.is_none() {
+            self.p.at(
+                &s.span,
+                format!(
+                    "`{key}`: bad size \"{}\" (expected a whole number of bytes with an optional unit: B, KB, MB or GB, e.g. \"512KB\", \"10MB\")",
+                    s.value
+                ),
+            );
+        }
+        parsed
+    }
+
     fn cidrs(&self, key: &str) -> Vec<IpNet> {
         let mut out = Vec::new();
         for s in self.strings(key).unwrap_or_default() {
@@ -240,6 +268,21 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         _ => return None,
     };
     Some(Duration::from_millis(n.checked_mul(ms_per_unit)?))
+}
+
+/// "512KB", "10MB", "1GB", "100B", "0" (KB = 1024 bytes, as nginx's `k`).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = s.split_at(digits);
+    let n: u64 = number.parse().ok()?;
+    let bytes_per_unit: u64 = match unit {
+        "" | "B" => 1,
+        "KB" => 1 << 10,
+        "MB" => 1 << 20,
+        "GB" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(bytes_per_unit)
 }
 
 /// A CIDR, or a bare address meaning a single host.
@@ -366,6 +409,13 @@ fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
             ],
         )
         .unwrap_or(HeaderStyle::Ietf);
+    let header_timeout = t.positive_duration("header_timeout", Duration::from_secs(10));
+    let body_timeout = t.positive_duration("body_timeout", Duration::from_secs(30));
+    let idle_timeout = t.positive_duration("idle_timeout", Duration::from_secs(60));
+    let max_request_body = t.size("max_request_body").unwrap_or(0);
+    let max_connections_per_ip = t
+        .int("max_connections_per_ip", 0..=i64::from(u32::MAX))
+        .map_or(0, |n| n.value as u32);
     t.finish();
     Some(Server {
         listen,
@@ -375,6 +425,11 @@ fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
         client_ip_header,
         access_log,
         headers,
+        header_timeout,
+        body_timeout,
+        idle_timeout,
+        max_request_body,
+        max_connections_per_ip,
     })
 }
 
@@ -931,6 +986,7 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
             found
         })
         .collect();
+    let max_request_body = t.size("max_request_body");
     Some(Route {
         name: name?.value,
         hosts,
@@ -938,6 +994,7 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
         methods,
         target: target?,
         policies: policy_refs,
+        max_request_body,
     })
 }
 
@@ -997,6 +1054,28 @@ mod tests {
             "99999999999999999999d",
         ] {
             assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("0"), Some(0));
+        assert_eq!(parse_size("100"), Some(100));
+        assert_eq!(parse_size("100B"), Some(100));
+        assert_eq!(parse_size("512KB"), Some(512 * 1024));
+        assert_eq!(parse_size("10MB"), Some(10 * 1024 * 1024));
+        assert_eq!(parse_size("1GB"), Some(1 << 30));
+        for bad in [
+            "",
+            "KB",
+            "1.5MB",
+            "-1",
+            "1 MB",
+            "1mb",
+            "1TB",
+            "99999999999999999999GB",
+        ] {
+            assert_eq!(parse_size(bad), None, "{bad}");
         }
     }
 }

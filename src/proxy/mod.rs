@@ -1,5 +1,6 @@
 //! The Pingora proxy: route, decide in `request_filter`, forward, count in `logging`.
 
+pub mod connection;
 pub mod response;
 pub mod upstream;
 
@@ -11,6 +12,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
+use pingora::proxy::FailToProxy;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 
 use crate::config::{AccessLog, Target};
@@ -18,6 +20,7 @@ use crate::gateway::{App, Gateway};
 use crate::key::{self, RequestFacts};
 use crate::limiter::{Lease, PolicyOutcome};
 use crate::routing::{self, UNMATCHED};
+use connection::ClientConn;
 
 pub struct Proxy {
     pub app: Arc<App>,
@@ -36,6 +39,9 @@ pub struct Ctx {
     _leases: Vec<Lease>,
     upstream_started: Option<Instant>,
     attempts: usize,
+    /// The route's `max_request_body` (0 = unlimited) and the body bytes seen so far.
+    body_limit: u64,
+    body_seen: u64,
 }
 
 impl Drop for Ctx {
@@ -93,13 +99,40 @@ impl ProxyHttp for Proxy {
             _leases: Vec::new(),
             upstream_started: None,
             attempts: 0,
+            body_limit: 0,
+            body_seen: 0,
         }
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<()> {
         let gateway = self.app.current.load_full();
-        ctx.gateway = Some(gateway.clone());
+        let server = &gateway.config.server;
+        if let Some(conn) = ClientConn::of(session.stream()) {
+            conn.request_started();
+        }
+        // Pingora's read timeout bounds each body read: the longest pause allowed.
+        session.set_read_timeout(Some(server.body_timeout));
+        // Pingora's per-read keep-alive timer must not cut in before `idle_timeout`
+        // (which `ClientConn` enforces); a connection that will close stays closing.
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(server.idle_timeout.as_secs().max(1) + 1));
+        }
+        session.set_pipelining_enabled(true);
+        ctx.gateway = Some(gateway);
+        Ok(())
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let Some(gateway) = ctx.gateway.clone() else {
+            return Err(Error::new(ErrorType::InternalError));
+        };
         let config = &gateway.config;
+        if let Some(problem) = host_problem(session.req_header()) {
+            session.set_keepalive(None);
+            let body = response::problem(400, "Bad Request", problem);
+            write_response(session, 400, &[], response::PROBLEM, body.into()).await?;
+            return Ok(true);
+        }
         let req = session.req_header();
         let raw_host = req
             .uri
@@ -138,6 +171,22 @@ impl ProxyHttp for Proxy {
         };
         ctx.route = Some(route_id);
         let route = &config.routes[route_id];
+        ctx.body_limit = route
+            .max_request_body
+            .unwrap_or(config.server.max_request_body);
+        if ctx.body_limit > 0 && content_length(req).is_some_and(|n| n > ctx.body_limit) {
+            // Refused before any policy is charged; the unread body is not drained.
+            session.set_keepalive(None);
+            write_response(
+                session,
+                413,
+                &[],
+                response::PROBLEM,
+                response::body_too_large().into(),
+            )
+            .await?;
+            return Ok(true);
+        }
         let facts = RequestFacts {
             client_ip: ctx.client_ip,
             method: &method,
@@ -186,6 +235,23 @@ impl ProxyHttp for Proxy {
             return Ok(true);
         }
         Ok(false)
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        // A chunked (or HTTP/2) body has no length up front: stop it at the limit.
+        if let (Some(chunk), 1..) = (body.as_ref(), ctx.body_limit) {
+            ctx.body_seen += chunk.len() as u64;
+            if ctx.body_seen > ctx.body_limit {
+                return Error::e_explain(ErrorType::HTTPStatus(413), "max_request_body exceeded");
+            }
+        }
+        Ok(())
     }
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
@@ -237,12 +303,71 @@ impl ProxyHttp for Proxy {
         e
     }
 
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, _ctx: &mut Ctx) -> FailToProxy {
+        use pingora::ErrorSource;
+        let code = match (e.esource(), e.etype()) {
+            (_, ErrorType::HTTPStatus(code)) => *code,
+            (ErrorSource::Upstream, _) => 502,
+            // A stalled request body: Pingora's read timeout is `body_timeout`.
+            (ErrorSource::Downstream, ErrorType::ReadTimedout) => {
+                self.app
+                    .metrics
+                    .connections_rejected
+                    .with_label_values(&["body_timeout"])
+                    .inc();
+                408
+            }
+            (
+                ErrorSource::Downstream,
+                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed,
+            ) => 0, // the client is gone: nobody to answer
+            (ErrorSource::Downstream, _) => 400,
+            _ => 500,
+        };
+        if code > 0 {
+            let answer = match code {
+                408 => Some(response::problem(
+                    408,
+                    "Request Timeout",
+                    "request body stalled",
+                )),
+                413 => Some(response::body_too_large()),
+                _ => None,
+            };
+            let written = match answer {
+                Some(body) => match ResponseHeader::build(code, Some(2)) {
+                    Ok(mut resp) => {
+                        let _ = resp.insert_header("Content-Type", response::PROBLEM);
+                        let _ = resp.insert_header("Content-Length", body.len().to_string());
+                        session.write_error_response(resp, body.into()).await
+                    }
+                    Err(e) => Err(e),
+                },
+                None => session.respond_error(code).await,
+            };
+            if let Err(e) = written {
+                log::debug!("could not answer {code}: {e}");
+            }
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
     async fn upstream_request_filter(
         &self,
         session: &mut Session,
         upstream: &mut RequestHeader,
         _ctx: &mut Ctx,
     ) -> Result<()> {
+        // An absolute-form target (`GET http://host/path`) reaches the upstream in origin
+        // form. Pingora keeps its raw bytes for the wire; its Uri holds only the path, and
+        // it has already checked that the target's authority equals Host.
+        if !matches!(upstream.raw_path().first(), Some(b'/') | Some(b'*')) {
+            let origin = upstream.uri.clone();
+            upstream.set_uri(origin);
+        }
         // Append the TCP peer, as nginx's $proxy_add_x_forwarded_for does.
         if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
             let forwarded = match upstream
@@ -275,6 +400,9 @@ impl ProxyHttp for Proxy {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        if let Some(conn) = ClientConn::of(session.stream()) {
+            conn.request_finished(wire_length(session));
+        }
         let status = session
             .response_written()
             .map(|r| r.status.as_u16())
@@ -301,6 +429,41 @@ impl ProxyHttp for Proxy {
             access_log(format, session, ctx, gateway, &route, status, elapsed);
         }
     }
+}
+
+/// Why an HTTP/1.1 request's Host is unusable (RFC 9112 §3.2: missing or repeated).
+fn host_problem(req: &RequestHeader) -> Option<&'static str> {
+    let hosts = req.headers.get_all(http::header::HOST).iter().count();
+    match hosts {
+        0 if req.version == http::Version::HTTP_11 => Some("missing Host header"),
+        2.. => Some("more than one Host header"),
+        _ => None,
+    }
+}
+
+/// How many bytes an HTTP/1 request took on the wire, when that is known exactly: its
+/// header plus a Content-Length body (Pingora reads or drains exactly that much before
+/// it reuses the connection). Chunked bodies: unknown.
+fn wire_length(session: &Session) -> Option<u64> {
+    let pingora::protocols::http::ServerSession::H1(h1) = session.as_downstream() else {
+        return None;
+    };
+    let req = h1.req_header();
+    if req.headers.contains_key(http::header::TRANSFER_ENCODING) {
+        return None;
+    }
+    Some(h1.get_headers_raw_bytes().len() as u64 + content_length(req).unwrap_or(0))
+}
+
+/// The declared body length, if any (Pingora has already rejected malformed values).
+fn content_length(req: &RequestHeader) -> Option<u64> {
+    req.headers
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn access_log(

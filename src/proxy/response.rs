@@ -5,6 +5,22 @@ use std::fmt::Write;
 use crate::config::{Algorithm, HeaderStyle, Policy};
 use crate::limiter::{Decision, Denial, PolicyOutcome};
 
+pub const PROBLEM: &str = "application/problem+json";
+
+/// An `application/problem+json` body for answers sluice makes itself.
+pub fn problem(status: u16, title: &str, detail: &str) -> String {
+    serde_json::json!({"type": "about:blank", "title": title, "status": status, "detail": detail})
+        .to_string()
+}
+
+pub fn body_too_large() -> String {
+    problem(
+        413,
+        "Content Too Large",
+        "request body larger than max_request_body",
+    )
+}
+
 fn secs_up(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }

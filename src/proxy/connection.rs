@@ -1,0 +1,533 @@
+//! Client connections: the per-address cap, header and idle deadlines, the connection gauge.
+//!
+//! Pingora bounds each socket read, not the whole request header, so a client trickling a
+//! byte a second holds a connection forever (slowloris). `Edge` wraps every accepted stream
+//! in a `ClientConn` whose reads carry the deadline of the phase the connection is in:
+//! the request header must be complete within `header_timeout` of its first byte (of the
+//! accept, for a new connection), and a keep-alive connection waiting for its next request
+//! is closed after `idle_timeout`. The proxy moves the phase on (`request_started`,
+//! `request_finished`); body reads are bounded by Pingora's own read timeout.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::l4::socket::SocketAddr;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::SslDigest;
+use pingora::protocols::tls::TlsRef;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType, ALPN,
+};
+use pingora::proxy::HttpProxy;
+use pingora::server::ShutdownWatch;
+use prometheus::IntGauge;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+use crate::gateway::App;
+use crate::proxy::Proxy;
+
+/// Accepts client connections for the proxy: applies the per-address cap, then hands the
+/// stream, wrapped in a `ClientConn`, to Pingora's HTTP machinery.
+pub struct Edge {
+    pub proxy: Arc<HttpProxy<Proxy>>,
+    pub app: Arc<App>,
+    pub per_ip: Arc<PerIp>,
+}
+
+#[async_trait]
+impl ServerApp for Edge {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let conn = {
+            let gateway = self.app.current.load();
+            let server = &gateway.config.server;
+            let peer = stream
+                .get_socket_digest()
+                .and_then(|d| d.peer_addr().and_then(SocketAddr::as_inet).map(|a| a.ip()));
+            let mut slot = None;
+            if let (Some(ip), cap @ 1..) = (peer, server.max_connections_per_ip) {
+                // A trusted proxy carries many clients on its connections: not capped.
+                if !server.trusted_proxies.iter().any(|net| net.contains(&ip)) {
+                    match self.per_ip.acquire(ip, cap) {
+                        Some(s) => slot = Some(s),
+                        None => {
+                            self.app
+                                .metrics
+                                .connections_rejected
+                                .with_label_values(&["per_ip"])
+                                .inc();
+                            return None;
+                        }
+                    }
+                }
+            }
+            ClientConn::new(
+                stream,
+                server.header_timeout,
+                server.idle_timeout,
+                &self.app,
+                slot,
+            )
+        };
+        if conn.phase.load(Ordering::Relaxed) == OFF
+            || self.proxy.server_options.as_ref().is_some_and(|o| o.h2c)
+        {
+            return ServerApp::process_new(&self.proxy, Box::new(conn), shutdown).await;
+        }
+        // HTTP/1.x: Pingora's own keep-alive loop, except that the wait for each request's
+        // first bytes happens here, in a small future, rather than inside Pingora's request
+        // future, which is much larger: an idle connection then costs a few KiB.
+        let mut conn = Box::new(conn);
+        let mut settings: Option<HttpPersistentSettings> = None;
+        loop {
+            if conn.next_request_unread() && !conn.wait_for_request(shutdown).await {
+                return None;
+            }
+            let mut session = ServerSession::new_http1(conn);
+            match settings.take() {
+                Some(s) => s.apply_to_session(&mut session),
+                None if *shutdown.borrow() => session.set_keepalive(None),
+                None => session.set_keepalive(Some(60)),
+            }
+            let reused = HttpServerApp::process_new_http(&self.proxy, session, shutdown).await?;
+            let (stream, next) = reused.consume();
+            settings = next;
+            conn = stream.into_any().downcast::<ClientConn>().ok()?;
+        }
+    }
+
+    async fn cleanup(&self) {
+        ServerApp::cleanup(&*self.proxy).await;
+    }
+}
+
+/// Open connections per client address, for `max_connections_per_ip`.
+#[derive(Default)]
+pub struct PerIp(Mutex<HashMap<IpAddr, u32>>);
+
+impl PerIp {
+    /// A slot for one more connection from `ip`, or `None` when it already holds `cap`.
+    pub fn acquire(self: &Arc<Self>, ip: IpAddr, cap: u32) -> Option<IpSlot> {
+        let mut counts = self.0.lock();
+        let n = counts.entry(ip).or_insert(0);
+        if *n >= cap {
+            return None;
+        }
+        *n += 1;
+        Some(IpSlot {
+            ip,
+            table: self.clone(),
+        })
+    }
+
+    pub fn open(&self, ip: IpAddr) -> u32 {
+        self.0.lock().get(&ip).copied().unwrap_or(0)
+    }
+}
+
+/// One counted connection; released when the connection closes.
+pub struct IpSlot {
+    ip: IpAddr,
+    table: Arc<PerIp>,
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut counts = self.table.0.lock();
+        if let Some(n) = counts.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Where a connection is between requests; each phase has its own read deadline.
+const HEADER: u8 = 0;
+const BUSY: u8 = 1;
+const IDLE: u8 = 2;
+/// No deadlines: HTTP/2 (streams are bounded by the h2 idle timeout and read timeouts).
+const OFF: u8 = 3;
+
+/// Read-ahead for a request's first bytes: most request headers fit in one read of this.
+const STASH_SIZE: usize = 2048;
+
+const RESPONSE_408: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+
+/// A client stream whose reads time out by phase (see the module comment).
+pub struct ClientConn {
+    inner: Stream,
+    /// Set by the proxy from the same task that reads, so relaxed ordering suffices.
+    phase: AtomicU8,
+    /// The phase `deadline` was last armed for.
+    armed: u8,
+    deadline: Pin<Box<Sleep>>,
+    /// Bytes of the current request header have arrived (a timeout then answers 408).
+    header_started: bool,
+    timed_out: bool,
+    /// Bytes of the next request read ahead by `wait_for_request`, served to reads first.
+    stash: Vec<u8>,
+    stash_read: usize,
+    /// Bytes handed to Pingora, and the request bytes it has answered (see
+    /// `next_request_unread`); the proxy updates the latter through `&self`.
+    bytes_in: u64,
+    bytes_consumed: AtomicU64,
+    consumed_unknown: AtomicBool,
+    header_timeout: Duration,
+    idle_timeout: Duration,
+    app: Arc<App>,
+    open: IntGauge,
+    _slot: Option<IpSlot>,
+}
+
+impl ClientConn {
+    fn new(
+        inner: Stream,
+        header_timeout: Duration,
+        idle_timeout: Duration,
+        app: &Arc<App>,
+        slot: Option<IpSlot>,
+    ) -> ClientConn {
+        let h2 = matches!(inner.selected_alpn_proto(), Some(ALPN::H2));
+        let open = app
+            .metrics
+            .connections
+            .with_label_values(&[if h2 { "h2" } else { "http1" }]);
+        open.inc();
+        ClientConn {
+            inner,
+            phase: AtomicU8::new(if h2 { OFF } else { HEADER }),
+            armed: HEADER,
+            deadline: Box::pin(tokio::time::sleep(header_timeout)),
+            header_started: false,
+            timed_out: false,
+            stash: Vec::new(),
+            stash_read: 0,
+            bytes_in: 0,
+            bytes_consumed: AtomicU64::new(0),
+            consumed_unknown: AtomicBool::new(false),
+            header_timeout,
+            idle_timeout,
+            app: app.clone(),
+            open,
+            _slot: slot,
+        }
+    }
+
+    /// The connection under a proxied session, if it is one of ours (HTTP/1).
+    pub fn of(stream: Option<&Stream>) -> Option<&ClientConn> {
+        stream?.as_any().downcast_ref::<ClientConn>()
+    }
+
+    /// Whether every byte read so far belongs to requests already answered, so the next
+    /// request has not been read yet (Pingora keeps pipelined bytes it read too early).
+    fn next_request_unread(&self) -> bool {
+        !self.consumed_unknown.load(Ordering::Relaxed)
+            && self.bytes_in == self.bytes_consumed.load(Ordering::Relaxed)
+    }
+
+    /// Waits for the next request's first bytes, which are kept for Pingora's parser.
+    /// False when the connection should close: the deadline passed (idle, or header for a
+    /// new connection), the client closed, or the server is shutting down.
+    async fn wait_for_request(&mut self, shutdown: &ShutdownWatch) -> bool {
+        if *shutdown.borrow() {
+            return false;
+        }
+        let phase = self.phase.load(Ordering::Relaxed);
+        if phase != self.armed {
+            self.arm(phase);
+        }
+        // Capacity only: no memory is touched until bytes arrive.
+        let mut stash = Vec::with_capacity(STASH_SIZE);
+        let deadline = self.deadline.deadline();
+        let mut stopping = shutdown.clone();
+        let read = tokio::select! {
+            read = tokio::time::timeout_at(deadline, self.inner.read_buf(&mut stash)) => read,
+            _ = stopping.changed() => return false,
+        };
+        match read {
+            Ok(Ok(n)) if n > 0 => {
+                self.stash = stash;
+                if phase == IDLE {
+                    self.phase.store(HEADER, Ordering::Relaxed);
+                    self.arm(HEADER);
+                }
+                self.header_started = true;
+                true
+            }
+            Ok(_) => false,
+            Err(_) => {
+                if phase == HEADER {
+                    self.app
+                        .metrics
+                        .connections_rejected
+                        .with_label_values(&["header_timeout"])
+                        .inc();
+                }
+                false
+            }
+        }
+    }
+
+    /// The request header is complete: no deadline until the response is done.
+    pub fn request_started(&self) {
+        if self.phase.load(Ordering::Relaxed) != OFF {
+            self.phase.store(BUSY, Ordering::Relaxed);
+        }
+    }
+
+    /// The response is done: the connection waits at most `idle_timeout` for the next one.
+    /// `consumed` is the request's length on the wire (header and body), when known.
+    pub fn request_finished(&self, consumed: Option<u64>) {
+        if self.phase.load(Ordering::Relaxed) == BUSY {
+            self.phase.store(IDLE, Ordering::Relaxed);
+        }
+        match consumed {
+            Some(n) => {
+                self.bytes_consumed.fetch_add(n, Ordering::Relaxed);
+            }
+            None => self.consumed_unknown.store(true, Ordering::Relaxed),
+        }
+    }
+
+    fn arm(&mut self, phase: u8) {
+        self.armed = phase;
+        let timeout = match phase {
+            HEADER => self.header_timeout,
+            IDLE => {
+                self.header_started = false;
+                self.idle_timeout
+            }
+            _ => return,
+        };
+        self.deadline.as_mut().reset(Instant::now() + timeout);
+    }
+
+    /// Called when a read would block: has this phase's deadline passed?
+    fn poll_deadline(&mut self, cx: &mut Context<'_>, phase: u8) -> Poll<io::Result<()>> {
+        if !matches!(phase, HEADER | IDLE) || self.deadline.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.timed_out = true;
+        if phase == IDLE {
+            // End of stream: Pingora closes an idle keep-alive connection quietly.
+            return Poll::Ready(Ok(()));
+        }
+        self.app
+            .metrics
+            .connections_rejected
+            .with_label_values(&["header_timeout"])
+            .inc();
+        if !self.header_started {
+            return Poll::Ready(Ok(()));
+        }
+        // Best effort: the send buffer is empty between requests, so this small write
+        // lands at once; Pingora flushes it when it shuts the connection down.
+        let _ = Pin::new(&mut self.inner).poll_write(cx, RESPONSE_408);
+        let _ = Pin::new(&mut self.inner).poll_flush(cx);
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "request header timeout",
+        )))
+    }
+}
+
+impl Drop for ClientConn {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+impl fmt::Debug for ClientConn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientConn")
+            .field("inner", &self.inner)
+            .field("phase", &self.phase)
+            .finish()
+    }
+}
+
+impl AsyncRead for ClientConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.stash_read < this.stash.len() {
+            let rest = &this.stash[this.stash_read..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.stash_read += n;
+            this.bytes_in += n as u64;
+            if this.stash_read == this.stash.len() {
+                this.stash = Vec::new();
+                this.stash_read = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if this.timed_out {
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        }
+        let mut phase = this.phase.load(Ordering::Relaxed);
+        if phase != this.armed {
+            this.arm(phase);
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                this.bytes_in += (buf.filled().len() - before) as u64;
+                if phase == IDLE {
+                    // The next request's first bytes: its header is now on the clock.
+                    phase = HEADER;
+                    this.phase.store(HEADER, Ordering::Relaxed);
+                    this.arm(HEADER);
+                }
+                if phase == HEADER {
+                    this.header_started = true;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => this.poll_deadline(cx, phase),
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for ClientConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for ClientConn {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await;
+    }
+}
+
+impl UniqueID for ClientConn {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for ClientConn {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for ClientConn {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for ClientConn {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: ProxyDigest) {
+        self.inner.set_proxy_digest(digest);
+    }
+}
+
+impl GetSocketDigest for ClientConn {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, digest: SocketDigest) {
+        self.inner.set_socket_digest(digest);
+    }
+}
+
+#[async_trait]
+impl Peek for ClientConn {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_ip_caps_and_releases() {
+        let table = Arc::new(PerIp::default());
+        let ip: IpAddr = [192, 0, 2, 1].into();
+        let a = table.acquire(ip, 2);
+        let b = table.acquire(ip, 2);
+        assert!(a.is_some() && b.is_some());
+        assert!(table.acquire(ip, 2).is_none());
+        assert!(table.acquire([192, 0, 2, 2].into(), 2).is_some());
+        drop(a);
+        assert_eq!(table.open(ip), 1);
+        assert!(table.acquire(ip, 2).is_some());
+        drop(b);
+        assert_eq!(table.open(ip), 0);
+    }
+}
