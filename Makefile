@@ -6,7 +6,7 @@ PREFIX   ?= /usr
 DESTDIR  ?=
 CONFIGS  := $(wildcard conf/*.toml)
 
-.PHONY: all deps build run test lint unit check-configs ops bench install clean
+.PHONY: all deps build run test lint unit check-configs ops bench soak install clean
 
 all: build
 
@@ -51,6 +51,10 @@ test: deps lint unit check-configs ops
 
 bench: build
 	bench/run.sh $(SLUICE)
+
+# 10 minutes at half of peak load on the Redis backend; fails if RSS or fds grow (bench/README.md).
+soak: build
+	bench/soak.sh $(SLUICE)
 
 install: build
 	install -D -m 0755 $(SLUICE) $(DESTDIR)$(PREFIX)/bin/sluice

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Helpers for bench/run.sh (Python 3 standard library only).
+"""Helpers for bench/run.sh and bench/soak.sh (Python 3 standard library only).
 
     benchlib.py ports N              N distinct free TCP ports on 127.0.0.1
     benchlib.py seconds DURATION     "10s", "1m", "500ms", "7" -> whole seconds (rounded up)
@@ -8,6 +8,10 @@
     benchlib.py wrk FILE             one-line summary of a wrk output file
     benchlib.py cpusnap ROOTPID FILE [PGID]  CPU ticks outside ROOTPID's tree, and of PGID
     benchlib.py report RUNDIR        print the Markdown report for a finished run
+    benchlib.py soak-sample PID ADMIN_PORT INTERVAL COUNT OUT
+                                     COUNT samples, INTERVAL s apart, of PID's RSS and fds and
+                                     of sluice's request counters, as TSV to OUT
+    benchlib.py soak-report RUNDIR   print the soak report; exit 0 on PASS, 1 on FAIL
 
 Only 127.0.0.1 is ever contacted.
 """
@@ -452,6 +456,255 @@ def report(rundir):
     return 0
 
 
+# --------------------------------------------------------------------------- soak
+SOAK_COLS = ("k", "t", "elapsed", "rss_kb", "fds", "requests", "s2xx", "s429", "sother",
+             "connections")
+
+
+def proc_rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise OSError("no VmRSS")
+
+
+def proc_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def parse_requests(text):
+    """sluice /metrics -> (all requests, 2xx, 429, other statuses, open client connections|None)"""
+    tot = s2 = s429 = oth = 0
+    for m in re.finditer(r'^sluice_http_requests_total\{([^}]*)\}\s+([0-9.eE+]+)', text, re.M):
+        st = re.search(r'status="([^"]*)"', m.group(1))
+        v = int(float(m.group(2)))
+        tot += v
+        code = st.group(1) if st else ""
+        if code.startswith("2"):
+            s2 += v
+        elif code == "429":
+            s429 += v
+        else:
+            oth += v
+    conns = None
+    for m in re.finditer(r'^sluice_connections(?:\{[^}]*\})?\s+([0-9.eE+]+)', text, re.M):
+        conns = (conns or 0) + int(float(m.group(1)))
+    return tot, s2, s429, oth, conns
+
+
+def scrape(port):
+    c = http.client.HTTPConnection(HOST, port, timeout=5)
+    try:
+        c.request("GET", "/metrics")
+        r = c.getresponse()
+        return r.read().decode("utf-8", "replace")
+    finally:
+        c.close()
+
+
+def soak_sample(pid, admin, interval, count, out):
+    """COUNT samples at t = 0, INTERVAL, 2*INTERVAL, ... (monotonic clock, no drift).
+    Stops early, exit 3, if PID is gone. One TSV line per sample, flushed at once."""
+    t0 = time.monotonic()
+    with open(out, "w") as f:
+        f.write("\t".join(SOAK_COLS) + "\n")
+        for k in range(count):
+            wait = t0 + k * interval - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            elapsed = time.monotonic() - t0
+            if not pid_alive(pid):
+                print(f"soak: sluice (pid {pid}) is gone at t={elapsed:.0f}s", file=sys.stderr)
+                return 3
+            try:
+                rss, fds = proc_rss_kb(pid), proc_fds(pid)
+            except OSError as e:
+                print(f"soak: cannot read /proc/{pid}: {e}", file=sys.stderr)
+                return 3
+            try:
+                req = parse_requests(scrape(admin))
+            except (OSError, http.client.HTTPException):
+                req = (None,) * 5
+            row = [k, k * interval, f"{elapsed:.1f}", rss, fds] + ["-" if v is None else v for v in req]
+            f.write("\t".join(map(str, row)) + "\n")
+            f.flush()
+            print(f"soak: t={k * interval:>4}s  RSS {rss / 1024:7.1f} MiB  fds {fds:4}  "
+                  f"requests {req[0] if req[0] is not None else '-'}", file=sys.stderr)
+    return 0
+
+
+def read_params(path):
+    params = {}
+    with open(path) as f:
+        for line in f:
+            if "=" in line:
+                k, v = line.rstrip("\n").split("=", 1)
+                params[k] = v
+    return params
+
+
+def soak_verdict(rows, baseline_t, max_growth_pct):
+    """(baseline row | None, [failure reasons]) for the RSS/fd rule."""
+    base = next((r for r in rows if r["t"] >= baseline_t), None)
+    if base is None:
+        return None, [f"no sample at or after t = {baseline_t} s (the baseline)"]
+    fails = []
+    lim = 1 + max_growth_pct / 100.0
+    for r in rows:
+        if r["t"] <= base["t"]:
+            continue
+        for col, name in (("rss_kb", "RSS"), ("fds", "open fds")):
+            if r[col] > base[col] * lim:
+                fails.append(f"{name} at t = {r['t']} s is {r[col]:,}, "
+                             f"{100.0 * (r[col] / base[col] - 1):+.1f}% over {base[col]:,} at t = {base['t']} s")
+    return base, fails
+
+
+def soak_report(rundir):
+    P = read_params(os.path.join(rundir, "params.txt"))
+    interval = int(P["SOAK_INTERVAL"])
+    baseline_t = int(P["SOAK_BASELINE"])
+    growth = float(P["SOAK_MAX_GROWTH_PCT"])
+    max_err = float(P["SOAK_MAX_ERROR_PCT"])
+    target = float(P["TARGET_RPS"])
+    rows = []
+    with open(os.path.join(rundir, "samples.tsv")) as f:
+        next(f, None)
+        for line in f:
+            v = line.rstrip("\n").split("\t")
+            if len(v) != len(SOAK_COLS):
+                continue
+            r = dict(zip(SOAK_COLS, v))
+            for c in ("k", "t", "rss_kb", "fds"):
+                r[c] = int(r[c])
+            for c in ("requests", "s2xx", "s429", "sother", "connections"):
+                r[c] = None if r[c] == "-" else int(r[c])
+            r["elapsed"] = float(r["elapsed"])
+            rows.append(r)
+    with open(os.path.join(rundir, "soak.wrk.txt")) as f:
+        w = parse_wrk(f.read())
+    peak = None
+    if os.path.exists(os.path.join(rundir, "peak.wrk.txt")):
+        with open(os.path.join(rundir, "peak.wrk.txt")) as f:
+            peak = parse_wrk(f.read())
+    final = None
+    if os.path.exists(os.path.join(rundir, "metrics.final.txt")):
+        with open(os.path.join(rundir, "metrics.final.txt")) as f:
+            text = f.read()
+        final = parse_requests(text)
+        others = {}
+        for m in re.finditer(r'^sluice_http_requests_total\{([^}]*)\}\s+([0-9.eE+]+)', text, re.M):
+            st = re.search(r'status="([^"]*)"', m.group(1))
+            code = st.group(1) if st else "?"
+            if not code.startswith("2") and code != "429" and float(m.group(2)):
+                others[code] = others.get(code, 0) + int(float(m.group(2)))
+        decisions = parse_decisions(text)
+    else:
+        decisions = {}
+
+    fails, notes = [], []
+    expected = int(P["SOAK_SAMPLES"])
+    if P.get("SLUICE_ALIVE") != "1":
+        fails.append("sluice died during the soak")
+    if len(rows) < expected:
+        fails.append(f"only {len(rows)} of {expected} samples were taken")
+    base, growth_fails = soak_verdict(rows, baseline_t, growth)
+    fails += growth_fails
+    if w is None:
+        fails.append("wrk produced no result")
+        err_pct = None
+    else:
+        sock = sum(w["sockerr"].values())
+        other = final[3] if final else None
+        if other is None:
+            fails.append("no final /metrics scrape: cannot count non-2xx/429 responses")
+            err_pct = None
+        else:
+            errors = other + sock
+            err_pct = 100.0 * errors / max(w["requests"], 1)
+            if err_pct > max_err:
+                fails.append(f"error rate {err_pct:.3f}% > {max_err}% ({other:,} responses neither 2xx "
+                             f"nor 429, {sock:,} wrk socket errors, of {w['requests']:,} requests)")
+        if w["rps"] < 0.9 * target:
+            notes.append(f"the load reached only {w['rps']:,.0f} req/s, {100 * w['rps'] / target:.0f}% of "
+                         f"the {target:,.0f} req/s target (a busy machine?)")
+    verdict = "PASS" if not fails else "FAIL"
+
+    L = []
+    L += ["# sluice soak test", "",
+          f"**Verdict: {verdict}**", ""]
+    L += [f"- date: {P.get('DATE', '?')}",
+          f"- machine: {P.get('MACHINE', '?')}",
+          f"- command: `{P.get('COMMAND', '?')}`",
+          f"- versions: {P.get('VERSIONS', '?')}",
+          f"- parameters: SOAK_SECONDS={P['SOAK_SECONDS']} SOAK_INTERVAL={interval} "
+          f"SOAK_BASELINE={baseline_t} SOAK_MAX_GROWTH_PCT={growth:g} SOAK_MAX_ERROR_PCT={max_err:g} "
+          f"CONNECTIONS={P['CONNECTIONS']} THREADS={P['THREADS']} WORKERS={P['WORKERS']} "
+          f"PEAK_DURATION={P['PEAK_DURATION']} IPS={P['IPS']} KEYS={P['KEYS']}",
+          ""]
+    L += ["`free -h` at the start:", "", "```", P.get("FREE", "").replace("\\n", "\n"), "```", ""]
+    L += ["## Set-up", "",
+          "redis-server (private, no persistence) ← sluice (Redis backend, "
+          f"`[server] threads = {P['WORKERS']}`) → nginx upstream (`return 200 \"ok\\n\"`, 1 worker); "
+          "load from wrk with `bench/soak.lua` on 127.0.0.1: "
+          f"{P['IPS']} client addresses (X-Forwarded-For from the trusted peer 127.0.0.1) and "
+          f"{P['KEYS']} API keys (X-Api-Key), plus one hot address and one hot key that each send "
+          "2% of the requests; 1% of the requests carry `Connection: close` (connection churn).",
+          "",
+          f"Policies: `per_ip` gcra on `client_ip` and `per_key` gcra on `header:x-api-key`, each "
+          f"{P['LIMIT']} per 1s: half of what the hot address / key sends, about 1/{P['COLD_MARGIN']} "
+          "of that for any other one, so about 2% of the requests get 429.",
+          ""]
+    if peak:
+        L.append(f"- peak: {peak['rps']:,.0f} req/s (unpaced wrk, {P['PEAK_DURATION']}, same requests, "
+                 "on a sluice with the same policies and limits nobody reaches)")
+    L.append(f"- target: {target:,.0f} req/s (half of peak), paced by `bench/soak.lua`")
+    if w:
+        L.append(f"- achieved: {w['rps']:,.0f} req/s over {w['seconds']:.0f} s, {w['requests']:,} requests, "
+                 f"p50 {fmt_ms(w['p50'])} ms, p99 {fmt_ms(w['p99'])} ms; wrk non-2xx {w['non2xx']:,}; "
+                 "socket errors " + (", ".join(f"{k} {v}" for k, v in w["sockerr"].items()) or "none"))
+    if final:
+        L.append(f"- sluice answered {final[0]:,} requests: 2xx {final[1]:,}, 429 {final[2]:,}, other {final[3]:,}"
+                 + (" (" + ", ".join(f"{k}: {v:,}" for k, v in sorted(others.items())) + ")" if others else "")
+                 + (f"; error rate {err_pct:.3f}%" if err_pct is not None else ""))
+    if decisions:
+        L.append("- decisions: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(decisions.items())))
+    L += ["", "## Rule", "",
+          f"Samples every {interval} s from the start of the paced load: sluice's RSS (`VmRSS` of "
+          "`/proc/PID/status`) and open fds (entries of `/proc/PID/fd`). The baseline is the sample "
+          f"at t = {baseline_t} s{' (the end of the first minute)' if baseline_t == 60 else ''}. FAIL if any later sample's RSS or fd "
+          f"count exceeds the baseline by more than {growth:g}% (value > baseline × {1 + growth / 100:g}); "
+          f"FAIL if sluice dies, if a sample is missing, or if more than {max_err:g}% of the requests "
+          "got a response other than 2xx/429 (sluice_http_requests_total) or a wrk socket error.", ""]
+    L += ["## Samples", "",
+          "| t (s) | RSS (MiB) | RSS vs baseline | open fds | fds vs baseline | req/s | 429/s | other/s "
+          "| client connections |",
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    prev = None
+    for r in rows:
+        rel = lambda c: (f"{100.0 * (r[c] / base[c] - 1):+.1f}%" if base and r["t"] >= base["t"] else "")  # noqa: E731
+        rate = lambda c: (f"{(r[c] - prev[c]) / max(r['elapsed'] - prev['elapsed'], 1e-6):,.0f}"  # noqa: E731
+                          if prev and r[c] is not None and prev[c] is not None else "")
+        mark = " (baseline)" if base and r is base else ""
+        L.append(f"| {r['t']}{mark} | {r['rss_kb'] / 1024:.1f} | {rel('rss_kb')} | {r['fds']} | {rel('fds')} "
+                 f"| {rate('requests')} | {rate('s429')} | {rate('sother')} "
+                 f"| {r['connections'] if r['connections'] is not None else 'n/a'} |")
+        prev = r
+    L += ["", "## Verdict", "", f"**{verdict}**" + ("" if fails else f": RSS and fds stayed within "
+          f"{growth:g}% of the t = {baseline_t} s baseline, sluice stayed up, "
+          f"error rate {err_pct:.3f}%." if err_pct is not None else "")]
+    L += [f"- {x}" for x in fails]
+    extra = os.path.join(rundir, "notes.txt")
+    if os.path.exists(extra):
+        with open(extra) as f:
+            notes += [x.rstrip("\n") for x in f if x.strip()]
+    if notes:
+        L += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    print("\n".join(L))
+    return 0 if not fails else 1
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
@@ -482,6 +735,10 @@ def main(argv):
         return 0
     if cmd == "report":
         return report(args[0])
+    if cmd == "soak-sample":
+        return soak_sample(int(args[0]), int(args[1]), int(args[2]), int(args[3]), args[4])
+    if cmd == "soak-report":
+        return soak_report(args[0])
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -21,7 +21,6 @@
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-LIB="$BENCH_DIR/benchlib.py"
 INVOCATION="$0 $*"
 
 usage() {
@@ -46,8 +45,9 @@ ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
 OUT=${OUT:-$BENCH_DIR/results/latest.md}
 KEEP_TMP=${KEEP_TMP:-0}
 
-die() { echo "bench: error: $*" >&2; exit 1; }
-log() { echo "bench: $*" >&2; }
+LOG_TAG=bench
+# shellcheck source=bench/lib.sh
+. "$BENCH_DIR/lib.sh"
 
 for v in CONNECTIONS THREADS ROUNDS WORKERS; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer (got '${!v}')"
@@ -60,56 +60,12 @@ for a in $ALGORITHMS; do
     [[ " $ALL_ALGORITHMS " == *" $a "* ]] || die "unknown algorithm '$a' (known: $ALL_ALGORITHMS)"
 done
 
-command -v python3 >/dev/null 2>&1 && python3 -c 'import sys; sys.exit(sys.version_info < (3, 8))' \
-    || die "python3 (>= 3.8) is required: apt-get install -y python3"
+require_python
 DUR_S=$(python3 "$LIB" seconds "$DURATION")
 ALG_DUR_S=$(python3 "$LIB" seconds "$ALG_DURATION")
 if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 
-# ------------------------------------------------------------------ tools
-export PATH="$PATH:/usr/sbin:/sbin"
-TMP_POLICY_RCD=""
-
-ensure_tools() {
-    local pkgs=() p
-    command -v wrk >/dev/null 2>&1 || pkgs+=(wrk)
-    command -v nginx >/dev/null 2>&1 || pkgs+=(nginx)
-    command -v haproxy >/dev/null 2>&1 || pkgs+=(haproxy)
-    command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
-    command -v redis-cli >/dev/null 2>&1 || pkgs+=(redis-tools)
-    command -v timeout >/dev/null 2>&1 || pkgs+=(coreutils)
-    command -v setsid >/dev/null 2>&1 || pkgs+=(util-linux)
-    [ ${#pkgs[@]} -eq 0 ] && return 0
-    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-        echo "bench: missing tools. Install them with:" >&2
-        echo "    sudo apt-get install -y ${pkgs[*]}" >&2
-        exit 1
-    fi
-    log "installing ${pkgs[*]} with apt-get"
-    local updated=0
-    for p in "${pkgs[@]}"; do
-        if [ $updated -eq 0 ] && ! apt-cache show "$p" >/dev/null 2>&1; then
-            apt-get update -qq >&2 || die "apt-get update failed"
-            updated=1
-        fi
-    done
-    # Debian packages start their service (nginx on *:80, ...) on install; forbid that.
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-        chmod 755 /usr/sbin/policy-rc.d
-        TMP_POLICY_RCD=/usr/sbin/policy-rc.d
-    fi
-    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2; then
-        [ $updated -eq 0 ] && apt-get update -qq >&2
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2 \
-            || die "apt-get install ${pkgs[*]} failed"
-    fi
-    if [ -n "$TMP_POLICY_RCD" ]; then rm -f "$TMP_POLICY_RCD"; TMP_POLICY_RCD=""; fi
-    for p in wrk nginx haproxy redis-server redis-cli; do
-        command -v $p >/dev/null 2>&1 || die "$p still missing after apt-get install"
-    done
-}
-ensure_tools
+ensure_tools wrk nginx haproxy redis-server redis-cli timeout setsid
 
 needs_sluice=0
 for c in $CONTENDERS; do case $c in 4|5|6|7|8a|8b) needs_sluice=1 ;; esac; done
@@ -119,128 +75,15 @@ for c in $CONTENDERS; do case $c in 6|7|8a|8b) needs_redis=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_redis=1
 
 SLUICE=$1
-case "$SLUICE" in
-    */*) [ -e "$SLUICE" ] && SLUICE="$(cd "$(dirname "$SLUICE")" && pwd)/$(basename "$SLUICE")" ;;
-    *) SLUICE=$(command -v "$SLUICE" || echo "$SLUICE") ;;
-esac
 SLUICE_VERSION="not used"
 if [ $needs_sluice -eq 1 ]; then
-    [ -x "$SLUICE" ] || die "sluice binary '$SLUICE' not found or not executable (build it: cargo build --release)"
-    SLUICE_VERSION=$("$SLUICE" --version 2>&1 | head -n1) || die "'$SLUICE --version' failed: $SLUICE_VERSION"
-    [ -n "$SLUICE_VERSION" ] || die "'$SLUICE --version' printed nothing: not a usable sluice build"
+    resolve_sluice "$1"
 fi
 
-# ------------------------------------------------------------------ processes
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/sluice-bench.XXXXXX")
-chmod 755 "$TMP"          # nginx workers run as an unprivileged user
-mkdir -p "$TMP/log" "$TMP/runs" "$TMP/conf"
-PGIDS=()
-FAILED=0
-
-cleanup() {
-    local rc=$? g i
-    trap - EXIT INT TERM
-    for g in "${PGIDS[@]}"; do kill -TERM -- "-$g" 2>/dev/null || true; done
-    for i in $(seq 50); do
-        local alive=0
-        for g in "${PGIDS[@]}"; do kill -0 -- "-$g" 2>/dev/null && alive=1; done
-        [ $alive -eq 0 ] && break
-        sleep 0.1
-    done
-    for g in "${PGIDS[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    [ -n "$TMP_POLICY_RCD" ] && rm -f "$TMP_POLICY_RCD"
-    if [ "$KEEP_TMP" = 1 ] || [ $rc -ne 0 ]; then
-        log "configs, logs and raw wrk output kept in $TMP"
-    else
-        rm -rf "$TMP"
-    fi
-    exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-note() { echo "$*" >>"$TMP/notes.txt"; log "NOTE: $*"; }
-
-# start_bg NAME CMD...: run CMD in its own session (process group = its pid), log to $TMP/log/NAME.log
-start_bg() {
-    local name=$1; shift
-    setsid "$@" >"$TMP/log/$name.log" 2>&1 </dev/null &
-    BG_PID=$!
-    PGIDS+=("$BG_PID")
-}
-
-# stop_bg PID: SIGTERM its process group, SIGKILL after 10 s
-stop_bg() {
-    local pid=$1 i
-    kill -TERM -- "-$pid" 2>/dev/null || true
-    for i in $(seq 100); do
-        kill -0 -- "-$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    drop_pgid "$pid"
-}
-
-drop_pgid() {
-    local g keep=()
-    for g in "${PGIDS[@]}"; do [ "$g" = "$1" ] || keep+=("$g"); done
-    PGIDS=("${keep[@]+"${keep[@]}"}")
-}
-
-alive() { kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-
-free_port() { python3 "$LIB" ports 1; }
-
-# wait_http PORT PID NAME: poll GET / for up to 15 s
-wait_http() {
-    if ! python3 "$LIB" wait "$1" 15 "$2" >/dev/null; then
-        log "---- last lines of $TMP/log/$3.log ----"
-        tail -n 30 "$TMP/log/$3.log" >&2 || true
-        return 1
-    fi
-}
+bench_tmp sluice-bench
+mkdir -p "$TMP/runs"
 
 # ------------------------------------------------------------------ configs
-# nginx_conf DIR PORT WORKERS HTTP_EXTRA SERVER_BODY
-nginx_conf() {
-    local dir=$1 port=$2 workers=$3 http_extra=$4 server_body=$5
-    mkdir -p "$dir"
-    cat >"$dir/nginx.conf" <<EOF
-worker_processes $workers;
-pid $dir/nginx.pid;
-error_log $dir/error.log warn;
-worker_rlimit_nofile 65536;
-events { worker_connections 16384; }
-http {
-    access_log off;
-    default_type text/plain;
-    keepalive_requests 100000000;
-    keepalive_timeout 75s;
-    client_body_temp_path $dir/client_body;
-    proxy_temp_path $dir/proxy;
-    fastcgi_temp_path $dir/fastcgi;
-    uwsgi_temp_path $dir/uwsgi;
-    scgi_temp_path $dir/scgi;
-$http_extra
-    server {
-        listen 127.0.0.1:$port;
-$server_body
-    }
-}
-EOF
-}
-
-# start_nginx NAME DIR: validate, then run in the foreground of its own process group
-start_nginx() {
-    local name=$1 dir=$2
-    nginx -e "$dir/error.log" -p "$dir/" -c "$dir/nginx.conf" -t >"$TMP/log/$name.check" 2>&1 \
-        || { cat "$TMP/log/$name.check" >&2; die "nginx rejected $dir/nginx.conf"; }
-    start_bg "$name" nginx -e "$dir/error.log" -p "$dir/" -c "$dir/nginx.conf" -g 'daemon off;'
-}
-
 NGINX_PROXY_HTTP='    upstream origin {
         server 127.0.0.1:@UP@;
         keepalive 256;
@@ -341,22 +184,6 @@ sluice_conf() {
     } >"$file"
 }
 
-# sluice_check FILE: `sluice check` must accept it, else stop the whole benchmark loudly
-sluice_check() {
-    local out rc=0
-    out=$(timeout 60 "$SLUICE" check --config "$1" 2>&1) || rc=$?
-    if [ $rc -ne 0 ]; then
-        {
-            echo
-            echo "bench: FATAL: '$SLUICE check --config $1' rejected the config (exit $rc):"
-            echo "$out" | sed 's/^/    /'
-            echo "bench: the config was:"
-            cat -n "$1" | sed 's/^/    /'
-        } >&2
-        exit 2
-    fi
-}
-
 # contender_info CID -> LABEL KIND BACKEND DENY POLICIES ROUTE_POL
 contender_info() {
     BACKEND=memory DENY=- POLICIES="" ROUTE_POL=""
@@ -379,20 +206,9 @@ contender_info() {
 
 # ------------------------------------------------------------------ load
 # run_wrk PORT SECONDS DURATION OUTFILE
-# (in the background and waited for, so that a signal to this script is handled at once;
-#  timeout(1) puts itself and wrk in their own process group, which cleanup kills)
 run_wrk() {
-    local rc=0 pid
-    timeout -k 5 $(($2 + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency \
-        "http://127.0.0.1:$1/" >"$4" 2>&1 &
-    pid=$!
-    PGIDS+=("$pid")
-    wait "$pid" || rc=$?
-    drop_pgid "$pid"
-    return $rc
+    run_bounded "$2" "$4" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency "http://127.0.0.1:$1/"
 }
-
-redis_cli() { timeout 10 redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 
 # measure ID LABEL ROUND PORT PID(-) NAME USES_REDIS ADMIN(-) DURATION DUR_S MANIFEST
 # The contender is already listening; warm up, measure, collect stats, append to manifest.
@@ -427,23 +243,6 @@ measure() {
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$label" "$round" "$base.wrk.txt" "$redisf" "$metf" \
         >>"$TMP/$manifest"
     python3 "$LIB" wrk "$base.wrk.txt" >&2 || true
-}
-
-# start_sluice NAME FILE PORT: check, start, wait until it answers. Sets BG_PID. Returns 1 if it never answered.
-start_sluice() {
-    local name=$1 file=$2 port=$3
-    sluice_check "$file"
-    start_bg "$name" "$SLUICE" run --config "$file"
-    if ! wait_http "$port" "$BG_PID" "$name"; then
-        if alive "$BG_PID"; then
-            note "$name ($file) did not answer GET / on 127.0.0.1:$port within 15 s"
-        else
-            note "$name ($file) exited before answering: $(tail -n 1 "$TMP/log/$name.log")"
-        fi
-        FAILED=1
-        stop_bg "$BG_PID"
-        return 1
-    fi
 }
 
 # run_contender CID ROUND
@@ -504,29 +303,11 @@ run_algorithm() {
 }
 
 # ------------------------------------------------------------------ main
-UP_PORT=$(free_port)
-nginx_conf "$TMP/conf/upstream" "$UP_PORT" 1 "" '        location / {
-            return 200 "ok\n";
-        }'
-start_nginx upstream "$TMP/conf/upstream"
-UP_PID=$BG_PID
-wait_http "$UP_PORT" "$UP_PID" upstream || die "the upstream nginx did not start"
-log "upstream nginx on 127.0.0.1:$UP_PORT"
+start_upstream
 
 REDIS_PORT=""
 if [ $needs_redis -eq 1 ]; then
-    REDIS_PORT=$(free_port)
-    mkdir -p "$TMP/redis"
-    start_bg redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --protected-mode yes \
-        --save '' --appendonly no --daemonize no --dir "$TMP/redis" --logfile ''
-    REDIS_PID=$BG_PID
-    for i in $(seq 100); do
-        [ "$(redis_cli PING 2>/dev/null)" = PONG ] && break
-        alive "$REDIS_PID" || { tail "$TMP/log/redis.log" >&2; die "redis-server exited"; }
-        sleep 0.1
-    done
-    [ "$(redis_cli PING 2>/dev/null)" = PONG ] || die "redis-server did not answer PING"
-    log "redis-server on 127.0.0.1:$REDIS_PORT"
+    start_redis
 fi
 
 # Pre-flight: every sluice config must pass `sluice check` before any load is spent.
