@@ -1,5 +1,5 @@
 //! The Redis backend end to end: real `redis-server` processes and several real sluice
-//! processes sharing them; faults, deny cache and clock skew.
+//! processes sharing them; faults, deny cache, clock skew and Sentinel failover.
 
 mod common;
 
@@ -7,7 +7,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::http;
-use common::redis::RedisServer;
+use common::redis::{RedisSentinel, RedisServer};
 use common::{config, count_status, one_route_per_algorithm, policy, Sluice};
 
 fn redis_limiter(redis: &RedisServer, extra: &str) -> String {
@@ -399,4 +399,194 @@ fn rediss_verifies_the_server_against_the_trusted_cas() {
     // Without the CA the server is not trusted: fail closed, never unverified.
     let untrusted = Sluice::start_with_env(&template, &[("SSL_CERT_FILE", "/nonexistent")]);
     assert_eq!(untrusted.get("/a").status, 503);
+}
+
+/// A master, its replica and two sentinels watching them as `name`.
+struct SentinelSetup {
+    master: RedisServer,
+    replica: RedisServer,
+    sentinels: [RedisSentinel; 2],
+    /// A sentinel address where nothing listens.
+    dead: String,
+}
+
+impl SentinelSetup {
+    fn start(name: &str) -> SentinelSetup {
+        let master = RedisServer::start();
+        let replica = RedisServer::start_replica_of(&master);
+        let sentinels = [
+            RedisSentinel::start(&master, name),
+            RedisSentinel::start(&master, name),
+        ];
+        for sentinel in &sentinels {
+            sentinel.wait_for_replica(name, &replica);
+        }
+        SentinelSetup {
+            master,
+            replica,
+            sentinels,
+            dead: format!("redis://127.0.0.1:{}", common::free_port()),
+        }
+    }
+
+    /// `[limiter]` lines for sluice on these sentinels, after a node where nothing listens.
+    fn limiter(&self, name: &str, extra: &str) -> String {
+        format!(
+            "backend = \"redis\"\nsentinel = {{ master = \"{name}\", nodes = [\"{}\", \"{}\", \"{}\"] }}\n{extra}",
+            self.dead,
+            self.sentinels[0].url(),
+            self.sentinels[1].url()
+        )
+    }
+}
+
+/// The script calls a Redis has answered since its stats were last reset.
+fn script_calls(redis: &RedisServer) -> String {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn a_planned_sentinel_failover_moves_sluice_to_the_new_master_within_a_second() {
+    let name = "sluice-ha";
+    let ha = SentinelSetup::start(name);
+    let policies = policy("p", "fixed_window", 3, "1h", "\"header:x-client\"", "");
+    let s = Sluice::start(&config(
+        &ha.limiter(
+            name,
+            "timeout = \"300ms\"\non_error = \"deny\"\ndeny_cache = 0",
+        ),
+        "threads = 2",
+        &policies,
+        &[("a", "\"p\"")],
+    ));
+    let client = |c: &str| -> Vec<u16> {
+        (0..4)
+            .map(|_| s.get_with("/a", &[("X-Client", c)]).status)
+            .collect()
+    };
+    assert_eq!(client("before"), [200, 200, 200, 429]);
+    assert_eq!(ha.master.cli(&["DBSIZE"]), "1", "state is on the master");
+
+    // Requests keep flowing through the failover; none may wait past the limiter timeout.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let during = {
+        let (addr, stop) = (s.addr, stop.clone());
+        std::thread::spawn(move || {
+            let mut slowest = Duration::ZERO;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                http::get(addr, "/a", &[("X-Client", "during")]);
+                slowest = slowest.max(t.elapsed());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            slowest
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ha.sentinels[0].cli(&["SENTINEL", "FAILOVER", name]) != "OK" {
+        assert!(Instant::now() < deadline, "SENTINEL FAILOVER was refused");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    while ha.sentinels[0].master_port(name) != Some(ha.replica.port()) {
+        assert!(Instant::now() < deadline, "the failover did not complete");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let switched = Instant::now();
+    assert_eq!(
+        ha.master.cli(&["ROLE"]).lines().next(),
+        Some("master"),
+        "the old master still takes writes until Sentinel demotes it, seconds later"
+    );
+
+    std::thread::sleep(Duration::from_secs(1).saturating_sub(switched.elapsed()));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let slowest = during.join().expect("traffic thread");
+    assert!(
+        slowest < Duration::from_millis(300 + 400),
+        "a request waited {slowest:?} during the switch"
+    );
+    ha.master.cli(&["CONFIG", "RESETSTAT"]);
+    ha.replica.cli(&["CONFIG", "RESETSTAT"]);
+    // One second after the switch, every decision is made on the new master.
+    assert_eq!(client("after"), [200, 200, 200, 429]);
+    assert_eq!(
+        script_calls(&ha.master),
+        "",
+        "the old master still receives sluice's writes"
+    );
+    assert!(
+        script_calls(&ha.replica).contains("calls=4"),
+        "the new master decides: {}",
+        script_calls(&ha.replica)
+    );
+    // The count carried over: "before" is still over its limit on the new master.
+    assert_eq!(client("before"), [429, 429, 429, 429]);
+    assert!(
+        s.stderr().contains("sentinel announced a new master"),
+        "{}",
+        s.stderr()
+    );
+}
+
+#[test]
+fn sentinel_subscriptions_come_back_and_end_with_their_backend() {
+    let name = "sluice-subs";
+    let ha = SentinelSetup::start(name);
+    let template = |timeout: &str| {
+        config(
+            &ha.limiter(name, &format!("timeout = \"{timeout}\"")),
+            "threads = 2",
+            &policy("p", "gcra", 100, "1m", "", ""),
+            &[("a", "\"p\"")],
+        )
+    };
+    let s = Sluice::start(&template("1s"));
+    // One subscription on each sentinel that answers.
+    let one_each = || {
+        s.wait_for(Duration::from_secs(10), || {
+            ha.sentinels.iter().all(|x| x.subscribers().len() == 1)
+        })
+    };
+    assert!(one_each(), "sluice follows every sentinel");
+    assert_eq!(s.get("/a").status, 200);
+
+    // A dropped subscription is made again.
+    let before = ha.sentinels[0].subscribers();
+    ha.sentinels[0].cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    assert!(
+        s.wait_for(Duration::from_secs(10), || {
+            let now = ha.sentinels[0].subscribers();
+            now.len() == 1 && now != before
+        }),
+        "sluice subscribes again after the sentinel drops it"
+    );
+
+    // A reload that keeps the backend keeps its subscriptions; one that replaces the
+    // backend ends the old one's.
+    let reloads = r#"sluice_config_reloads_total{result="success"}"#;
+    for (n, timeout) in [(1.0, "1s"), (2.0, "900ms"), (3.0, "800ms")] {
+        let before: Vec<Vec<String>> = ha.sentinels.iter().map(|x| x.subscribers()).collect();
+        s.reload(&template(timeout));
+        assert!(
+            s.wait_for(Duration::from_secs(10), || s.metric(reloads) == n),
+            "reload {n}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(one_each(), "one subscription per sentinel after reload {n}");
+        let after: Vec<Vec<String>> = ha.sentinels.iter().map(|x| x.subscribers()).collect();
+        if timeout == "1s" {
+            assert_eq!(
+                before, after,
+                "an unchanged backend keeps its subscriptions"
+            );
+        } else {
+            assert_ne!(before, after, "a new backend subscribes anew");
+        }
+        assert_eq!(s.get("/a").status, 200);
+    }
 }

@@ -11,26 +11,32 @@
 //! runtime), whichever runtime asks: connections and their reconnections live there, and a
 //! caller that gives up (its timeout) cannot stop a call halfway.
 //!
+//! Sentinel: the master is looked up when none is known and again after an error that says
+//! it moved. A planned failover gives no such error (the old master keeps accepting writes
+//! until Sentinel demotes it, seconds later), so the backend also follows every sentinel's
+//! `+switch-master` announcement and moves to the new master as soon as one arrives.
+//!
 //! Cluster: checks whose keys share a slot are decided in one atomic call. When a request
 //! spans several slots, every group is first asked read-only ("peek"); only when all allow
 //! are they charged, and if one then denies (another request got in between) the groups
 //! already charged are refunded.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use futures_util::StreamExt;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, PubSub};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    Client, ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisConnectionInfo, RedisError,
-    ServerErrorKind, TlsMode,
+    Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisConnectionInfo,
+    RedisError, ServerErrorKind, TlsMode,
 };
 
 use super::algorithm::Verdict;
@@ -40,6 +46,19 @@ use crate::config::{self, ClockSource};
 
 /// A pause between two Sentinel look-ups of the master, so an outage does not flood them.
 const RESOLVE_PAUSE: Duration = Duration::from_millis(200);
+
+/// The channel on which every sentinel announces a completed failover:
+/// `<master-name> <old-ip> <old-port> <new-ip> <new-port>`.
+const SWITCH_CHANNEL: &str = "+switch-master";
+
+/// Pauses between two attempts to subscribe to one sentinel: doubling from the first to
+/// the last, so a sentinel that is down costs one connection attempt every few seconds.
+const FOLLOW_PAUSE_FIRST: Duration = Duration::from_millis(100);
+const FOLLOW_PAUSE_LAST: Duration = Duration::from_secs(5);
+
+/// How often a quiet subscription is checked with PING: a connection that died without a
+/// word (a host gone, a partition) is then noticed and replaced within this and `io_timeout`.
+const FOLLOW_PROBE: Duration = Duration::from_secs(5);
 
 pub struct RedisBackend {
     store: Store,
@@ -94,9 +113,16 @@ impl RedisBackend {
                     .set_response_timeout(io_timeout);
                 Store::Cluster(client.get_pending_async_connection_with_config(cluster_config))
             }
-            config::Backend::Sentinel { master, nodes } => Store::Sentinel(Arc::new(
-                SentinelStore::new(master, nodes, manager_config, io_timeout)?,
-            )),
+            config::Backend::Sentinel { master, nodes } => {
+                let store = Arc::new(SentinelStore::new(
+                    master,
+                    nodes,
+                    manager_config,
+                    io_timeout,
+                )?);
+                store.follow_switches();
+                Store::Sentinel(store)
+            }
         };
         let backend = RedisBackend {
             store,
@@ -384,14 +410,28 @@ fn in_check_order(groups: &[Vec<usize>], replies: &[Reply], count: usize) -> Vec
     verdicts
 }
 
-/// The current master as told by Sentinel, looked up again in the background when it
-/// stops answering as a master.
+/// The current master as told by Sentinel: looked up again in the background when it
+/// stops answering as a master, and switched at once when a sentinel announces
+/// `+switch-master`.
 struct SentinelStore {
+    /// The master's name in Sentinel.
+    name: String,
     sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// The sentinels (without credentials), followed for `+switch-master`.
+    sentinels: Vec<ConnectionInfo>,
+    /// How a master at an address Sentinel names is reached: user, password, db, TLS.
+    master_settings: RedisConnectionInfo,
+    master_tls: bool,
     master: ArcSwapOption<(ConnectionAddr, ConnectionManager)>,
+    /// Serialises replacing `master`, and counts announced switches: a look-up that began
+    /// before a switch must not undo it with the answer of a sentinel that lags behind.
+    installing: parking_lot::Mutex<()>,
+    switches: AtomicU64,
     resolving: AtomicBool,
     manager_config: ConnectionManagerConfig,
     io_timeout: Duration,
+    /// The tasks following the sentinels; they end with the store.
+    followers: parking_lot::Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl SentinelStore {
@@ -414,9 +454,11 @@ impl SentinelStore {
         let first = sentinels
             .first()
             .ok_or_else(|| BackendError::Connection("sentinel: no nodes configured".into()))?;
+        let master_settings = first.redis_settings().clone();
+        let master_tls = matches!(first.addr(), ConnectionAddr::TcpTls { .. });
         let mut master_info = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(first.redis_settings().clone());
-        if matches!(first.addr(), ConnectionAddr::TcpTls { .. }) {
+            .set_redis_connection_info(master_settings.clone());
+        if master_tls {
             master_info = master_info.set_tls_mode(TlsMode::Secure);
         }
         let sentinels: Vec<_> = sentinels
@@ -424,19 +466,40 @@ impl SentinelStore {
             .map(|info| info.set_redis_settings(RedisConnectionInfo::default()))
             .collect();
         let client = SentinelClient::build(
-            sentinels,
+            sentinels.clone(),
             master,
             Some(master_info),
             SentinelServerType::Master,
         )
         .map_err(|e| config_error(&nodes.join(", "), &e))?;
         Ok(SentinelStore {
+            name: master.to_owned(),
             sentinel: tokio::sync::Mutex::new(client),
+            sentinels,
+            master_settings,
+            master_tls,
             master: ArcSwapOption::empty(),
+            installing: parking_lot::Mutex::new(()),
+            switches: AtomicU64::new(0),
             resolving: AtomicBool::new(false),
             manager_config,
             io_timeout,
+            followers: parking_lot::Mutex::new(Vec::new()),
         })
+    }
+
+    /// Starts following every configured sentinel's `+switch-master` channel, on the
+    /// current runtime. The tasks hold the store weakly and are aborted when it is dropped.
+    fn follow_switches(self: &Arc<Self>) {
+        let mut followers = self.followers.lock();
+        for sentinel in &self.sentinels {
+            let task = tokio::spawn(follow(
+                Arc::downgrade(self),
+                sentinel.clone(),
+                self.io_timeout,
+            ));
+            followers.push(task.abort_handle());
+        }
     }
 
     /// The master's connection, or an error (and a look-up under way) when none is known.
@@ -481,20 +544,193 @@ impl SentinelStore {
 
     /// Asks Sentinel for the master and switches to it if it changed.
     async fn resolve(&self) -> Result<(), BackendError> {
+        let switches = self.switches.load(Ordering::Acquire);
         let lookup = async { self.sentinel.lock().await.async_get_client().await };
         let client = tokio::time::timeout(self.io_timeout, lookup)
             .await
             .map_err(|_| BackendError::Timeout)?
             .map_err(|e| backend_error(&e))?;
+        if let Some(addr) = self.install(client, Some(switches))? {
+            log::info!("redis limiter: sentinel master is {addr}");
+        }
+        Ok(())
+    }
+
+    /// Makes `client`'s server the master, unless it is already, or (for a look-up begun
+    /// when `seen` switches had been announced) a switch was announced since. Returns the
+    /// new master's address when it changed.
+    fn install(
+        &self,
+        client: Client,
+        seen: Option<u64>,
+    ) -> Result<Option<ConnectionAddr>, BackendError> {
+        let _installing = self.installing.lock();
+        if seen.is_some_and(|seen| seen != self.switches.load(Ordering::Acquire)) {
+            return Ok(None);
+        }
         let addr = client.get_connection_info().addr().clone();
         if self.master.load().as_ref().is_some_and(|m| m.0 == addr) {
-            return Ok(());
+            return Ok(None);
         }
-        log::info!("redis limiter: sentinel master is {addr}");
         let manager = ConnectionManager::new_lazy_with_config(client, self.manager_config.clone())
             .map_err(|e| backend_error(&e))?;
-        self.master.store(Some(Arc::new((addr, manager))));
-        Ok(())
+        self.master.store(Some(Arc::new((addr.clone(), manager))));
+        if seen.is_none() {
+            self.switches.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(Some(addr))
+    }
+
+    /// Handles one `+switch-master` message: for our master, connects to the new address
+    /// at once (calls from now on go there) and loads the script there in the background.
+    fn switch(self: &Arc<Self>, announcement: &str) {
+        let Some((name, host, port)) = parse_switch(announcement) else {
+            log::warn!("redis limiter: unreadable {SWITCH_CHANNEL} message {announcement:?}");
+            return;
+        };
+        if name != self.name {
+            return;
+        }
+        let addr = if self.master_tls {
+            ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host.to_owned(), port)
+        };
+        let installed = addr
+            .into_connection_info()
+            .map(|info| info.set_redis_settings(self.master_settings.clone()))
+            .and_then(Client::open)
+            .map_err(|e| backend_error(&e))
+            .and_then(|client| self.install(client, None));
+        match installed {
+            Ok(Some(addr)) => {
+                log::info!("redis limiter: sentinel announced a new master, {addr}");
+                let this = self.clone();
+                tokio::spawn(async move {
+                    let Ok(mut m) = this.current() else { return };
+                    let load = scripts::full_script().load_async(&mut m);
+                    if let Ok(result) = tokio::time::timeout(this.io_timeout, load).await {
+                        this.check(&result);
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(e) => log::warn!("redis limiter: cannot switch to the announced master: {e}"),
+        }
+    }
+}
+
+impl Drop for SentinelStore {
+    fn drop(&mut self) {
+        for follower in self.followers.get_mut().drain(..) {
+            follower.abort();
+        }
+    }
+}
+
+/// `<master-name> <old-ip> <old-port> <new-ip> <new-port>` as (name, new host, new port).
+fn parse_switch(announcement: &str) -> Option<(&str, &str, u16)> {
+    let mut fields = announcement.trim().rsplitn(5, ' ');
+    let port = fields.next()?.parse().ok()?;
+    let host = fields.next()?;
+    let (_old_port, _old_host) = (fields.next()?, fields.next()?);
+    let name = fields.next()?;
+    Some((name, host, port))
+}
+
+/// Follows one sentinel's `+switch-master` announcements for as long as `store` lives,
+/// subscribing again after a pause (doubling up to `FOLLOW_PAUSE_LAST`) whenever the
+/// connection fails. Every new subscription also looks the master up once: a switch may
+/// have been announced while it was not listening.
+async fn follow(store: Weak<SentinelStore>, sentinel: ConnectionInfo, io_timeout: Duration) {
+    let at = sentinel.addr().to_string();
+    let mut pause = FOLLOW_PAUSE_FIRST;
+    let mut complained = false;
+    loop {
+        match subscribe(&sentinel, io_timeout).await {
+            Ok(pubsub) => {
+                pause = FOLLOW_PAUSE_FIRST;
+                complained = false;
+                log::debug!("redis limiter: following {SWITCH_CHANNEL} on sentinel {at}");
+                match store.upgrade() {
+                    Some(store) => store.resolve_later(),
+                    None => return,
+                }
+                match listen(&store, pubsub, io_timeout).await {
+                    Some(why) => log::warn!(
+                        "redis limiter: lost the {SWITCH_CHANNEL} subscription on sentinel {at} ({why}); subscribing again"
+                    ),
+                    None => return,
+                }
+            }
+            Err(e) if !complained => {
+                complained = true;
+                log::warn!(
+                    "redis limiter: cannot follow {SWITCH_CHANNEL} on sentinel {at} ({e}); will keep trying"
+                );
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(FOLLOW_PAUSE_LAST);
+        if store.strong_count() == 0 {
+            return;
+        }
+    }
+}
+
+/// A connection to `sentinel` subscribed to `+switch-master`, within `io_timeout`.
+async fn subscribe(sentinel: &ConnectionInfo, io_timeout: Duration) -> Result<PubSub, String> {
+    let subscribed = async {
+        let mut pubsub = Client::open(sentinel.clone())?.get_async_pubsub().await?;
+        pubsub.subscribe(SWITCH_CHANNEL).await?;
+        Ok::<_, RedisError>(pubsub)
+    };
+    match tokio::time::timeout(io_timeout, subscribed).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {io_timeout:?}")),
+    }
+}
+
+/// Hands every announcement to `store` until the connection fails (returns why) or the
+/// store is gone (returns None).
+async fn listen(
+    store: &Weak<SentinelStore>,
+    pubsub: PubSub,
+    io_timeout: Duration,
+) -> Option<String> {
+    let (mut sink, mut messages) = pubsub.split();
+    let mut probe = tokio::time::interval(FOLLOW_PROBE);
+    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    probe.tick().await;
+    loop {
+        tokio::select! {
+            message = messages.next() => {
+                let Some(message) = message else {
+                    return Some("the sentinel closed the connection".into());
+                };
+                let store = store.upgrade()?;
+                match message.get_payload::<String>() {
+                    Ok(announcement) => store.switch(&announcement),
+                    Err(e) => log::warn!("redis limiter: unreadable {SWITCH_CHANNEL} message: {e}"),
+                }
+            }
+            _ = probe.tick() => {
+                if store.strong_count() == 0 {
+                    return None;
+                }
+                match tokio::time::timeout(io_timeout, sink.ping::<redis::Value>()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return Some(e.to_string()),
+                    Err(_) => return Some(format!("no answer to PING within {io_timeout:?}")),
+                }
+            }
+        }
     }
 }
 
@@ -525,5 +761,25 @@ fn backend_error(e: &RedisError) -> BackendError {
         BackendError::Connection(e.to_string())
     } else {
         BackendError::Script(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_switch;
+
+    #[test]
+    fn a_switch_announcement_names_the_master_and_its_new_address() {
+        assert_eq!(
+            parse_switch("mymaster 10.0.0.1 6379 10.0.0.2 6380"),
+            Some(("mymaster", "10.0.0.2", 6380))
+        );
+        assert_eq!(
+            parse_switch("mymaster ::1 6379 fe80::2 6380\n"),
+            Some(("mymaster", "fe80::2", 6380))
+        );
+        assert_eq!(parse_switch("mymaster 10.0.0.1 6379 10.0.0.2"), None);
+        assert_eq!(parse_switch("mymaster 10.0.0.1 6379 10.0.0.2 port"), None);
+        assert_eq!(parse_switch(""), None);
     }
 }

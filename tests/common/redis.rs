@@ -1,4 +1,5 @@
-//! Real `redis-server` processes for tests (one server, a 3-master cluster, a Sentinel), killed on drop.
+//! Real `redis-server` processes for tests (one server, a replica, a 3-master cluster,
+//! Sentinels), killed on drop.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -65,6 +66,24 @@ impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub fn start() -> RedisServer {
         Self::start_with(&[])
+    }
+
+    /// Starts a replica of `master` and waits until its replication link is up.
+    pub fn start_replica_of(master: &RedisServer) -> RedisServer {
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replica
+            .cli(&["info", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the replica on port {} did not connect to its master",
+                replica.port()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        replica
     }
 
     /// Starts a server with extra `redis-server` arguments (e.g. `["--requirepass", "pw"]`).
@@ -227,7 +246,8 @@ impl RedisCluster {
     }
 }
 
-/// A Redis Sentinel watching one master under a name.
+/// A Redis Sentinel watching one master under a name: it finds the master down after 1 s
+/// and gives a failover 3 s, so tests can fail over quickly.
 pub struct RedisSentinel {
     server: RedisServer,
     _conf: TempDir,
@@ -242,7 +262,7 @@ impl RedisSentinel {
         std::fs::write(
             &file,
             format!(
-                "sentinel monitor {name} 127.0.0.1 {} 1\nsentinel down-after-milliseconds {name} 1000\n",
+                "sentinel monitor {name} 127.0.0.1 {} 1\nsentinel down-after-milliseconds {name} 1000\nsentinel failover-timeout {name} 3000\n",
                 master.port()
             ),
         )
@@ -293,5 +313,54 @@ impl RedisSentinel {
 
     pub fn url(&self) -> String {
         self.server.url()
+    }
+
+    /// Runs redis-cli against this sentinel; returns its raw output, trimmed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        self.server.cli(args)
+    }
+
+    /// The port of the master this sentinel names for `name` now.
+    pub fn master_port(&self, name: &str) -> Option<u16> {
+        let addr = self.cli(&["sentinel", "get-master-addr-by-name", name]);
+        addr.lines().nth(1)?.trim().parse().ok()
+    }
+
+    /// Waits until this sentinel knows `replica` as a healthy replica of `name` (so that
+    /// `SENTINEL FAILOVER` has one to promote).
+    pub fn wait_for_replica(&self, name: &str, replica: &RedisServer) {
+        let port = replica.port().to_string();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = self.cli(&["sentinel", "replicas", name]);
+            let lines: Vec<&str> = out.lines().map(str::trim).collect();
+            let value = |key: &str| {
+                lines
+                    .windows(2)
+                    .find(|w| w[0] == key)
+                    .map(|w| w[1].to_owned())
+            };
+            if value("port").as_deref() == Some(port.as_str())
+                && value("flags").as_deref() == Some("slave")
+                && value("master-link-status").as_deref() == Some("ok")
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sentinel does not know the replica on port {port}: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The ids of the clients subscribed to something on this sentinel (`CLIENT LIST`).
+    pub fn subscribers(&self) -> Vec<String> {
+        self.cli(&["client", "list"])
+            .lines()
+            .filter(|l| l.contains(" sub=") && !l.contains(" sub=0 "))
+            .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+            .map(str::to_owned)
+            .collect()
     }
 }
