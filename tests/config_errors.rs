@@ -15,6 +15,16 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "client_bounds.toml",
+        &[
+            "3:18: `header_timeout` must be at least 1ms",
+            "4:16: `idle_timeout`: bad duration \"soon\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\", \"1m\")",
+            "5:20: `max_request_body`: bad size \"10 MB\" (expected a whole number of bytes with an optional unit: B, KB, MB or GB, e.g. \"512KB\", \"10MB\")",
+            "6:26: `max_connections_per_ip` must be between 0 and 4294967295, found -1",
+            "9:20: `max_request_body`: bad size \"1TB\" (expected a whole number of bytes with an optional unit: B, KB, MB or GB, e.g. \"512KB\", \"10MB\")",
+        ],
+    ),
+    (
         "bad_duration.toml",
         &[
             "6:10: `period`: bad duration \"10 minutes\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\", \"1m\")",
