@@ -17,6 +17,7 @@ pub struct Metrics {
     pub upstream_duration: HistogramVec,
     pub config_reloads: IntCounterVec,
     pub build_info: GaugeVec,
+    pub tls_certificate_expiry: IntGaugeVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -68,6 +69,16 @@ impl Metrics {
         build
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1.0);
+        let expiry = IntGaugeVec::new(
+            Opts::new(
+                "sluice_tls_certificate_expiry_timestamp_seconds",
+                "Unix time of the notAfter of each [[certificates]] entry, named by its first host",
+            ),
+            &["certificate"],
+        )
+        .expect("valid gauge");
+        r.register(Box::new(expiry.clone()))
+            .expect("unique metric name");
         Metrics {
             http_requests: counter(
                 &r,
@@ -122,6 +133,7 @@ impl Metrics {
                 &["result"],
             ),
             build_info: build,
+            tls_certificate_expiry: expiry,
             registry: r,
         }
     }

@@ -138,6 +138,7 @@ impl ProxyHttp for Proxy {
         };
         ctx.route = Some(route_id);
         let route = &config.routes[route_id];
+        let client_cert = crate::tls::client_cert_id(session.digest());
         let facts = RequestFacts {
             client_ip: ctx.client_ip,
             method: &method,
@@ -146,6 +147,7 @@ impl ProxyHttp for Proxy {
             query: req.uri.query(),
             headers: &req.headers,
             route: &route.name,
+            client_cert: client_cert.as_deref(),
         };
         let outcome = gateway
             .limiter
