@@ -295,12 +295,19 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
         Some(n) => tls(p, n, dir),
         None => Some(Tls::default()),
     };
-    let certificates = match top.get("certificates") {
+    let certificates_node = top.get("certificates");
+    let certificates = match certificates_node {
         Some(n) => certificates(p, n, dir),
         None => Vec::new(),
     };
     let server = server?;
-    if !server.tls_listen.is_empty() && certificates.is_empty() {
+    // Entries that failed their checks were reported already.
+    let no_entries = match certificates_node.map(|n| &n.value) {
+        Some(Node::Array(items)) => items.is_empty(),
+        Some(_) => false,
+        None => true,
+    };
+    if !server.tls_listen.is_empty() && no_entries {
         p.at(
             &top_key_span(&top, "server", "tls_listen"),
             "`tls_listen` needs at least one [[certificates]] entry",
