@@ -501,13 +501,15 @@ fn socket_addr(p: &Problems, s: &Spanned<String>, key: &str) -> Option<SocketAdd
 
 fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
     let t = Table::new(p, "[server]", node)?;
+    // (whether the key holds addresses or was already reported, the good addresses)
     let addresses = |key: &str| -> (bool, Vec<SocketAddr>) {
         let given = t.strings(key);
         let list = given
             .as_ref()
             .map(|v| v.iter().filter_map(|s| socket_addr(p, s, key)).collect())
             .unwrap_or_default();
-        (given.is_some_and(|v| !v.is_empty()), list)
+        let wrong_type = given.is_none() && t.get(key).is_some();
+        (wrong_type || given.is_some_and(|v| !v.is_empty()), list)
     };
     let (has_plain, listen) = addresses("listen");
     let (has_tls, tls_listen) = addresses("tls_listen");
