@@ -206,6 +206,29 @@ mod tests {
     }
 
     #[test]
+    fn client_cert_id_is_the_hex_sha256_of_the_leaf_der() {
+        use pingora::protocols::tls::SslDigest;
+        // Pingora fills `cert_digest` with `hash_certificate(leaf)`: SHA-256 of the DER.
+        let leaf = rustls::pki_types::CertificateDer::from(b"abc".to_vec());
+        let ssl = SslDigest::new("", "", None, None, pingora::tls::hash_certificate(&leaf));
+        let digest = Digest {
+            ssl_digest: Some(Arc::new(ssl)),
+            ..Digest::default()
+        };
+        assert_eq!(
+            client_cert_id(Some(&digest)).as_deref(),
+            Some("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        );
+        let no_cert = Digest {
+            ssl_digest: Some(Arc::new(SslDigest::new("", "", None, None, Vec::new()))),
+            ..Digest::default()
+        };
+        assert_eq!(client_cert_id(Some(&no_cert)), None);
+        assert_eq!(client_cert_id(Some(&Digest::default())), None);
+        assert_eq!(client_cert_id(None), None);
+    }
+
+    #[test]
     fn sni_exact_then_longest_wildcard_then_default() {
         let set = CertificateSet {
             exact: HashMap::from([("api.example.com".to_owned(), key(1))]),
