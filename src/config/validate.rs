@@ -457,8 +457,8 @@ fn certificates(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Vec<Certifica
                 continue;
             }
         };
-        if let Some(days) = loaded.expires_soon {
-            p.warn(&cert.span, format!("`cert`: {days}"));
+        if let Some(soon) = loaded.expires_soon {
+            p.warn(&cert.span, format!("`cert`: {soon}"));
         }
         let Some(name) = hosts.first() else { continue };
         out.push(Certificate {
