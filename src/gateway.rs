@@ -11,12 +11,16 @@ use crate::limiter::clock::Clock;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{spawn_health_checks, Pool};
+use crate::tls::Certificates;
 
 pub struct Gateway {
     pub config: Config,
     /// Aligned with `config.upstreams`.
     pub pools: Vec<Arc<Pool>>,
     pub limiter: Limiter,
+    /// The TLS listeners' certificates: one resolver for the process, handed on to each
+    /// new gateway and updated with its certificates.
+    pub tls: Arc<Certificates>,
 }
 
 impl Gateway {
@@ -38,15 +42,22 @@ impl Gateway {
             previous.map(|p| &p.limiter),
             previous_policies,
             clock,
-            metrics,
+            metrics.clone(),
         )
         .await
         .map_err(|e| format!("limiter backend: {e}"))?;
         spawn_health_checks(&pools);
+        // Last, after everything that can fail: new handshakes get these certificates now.
+        let tls = match previous {
+            Some(p) => p.tls.clone(),
+            None => Certificates::new(&config),
+        };
+        tls.update(&config, &metrics);
         Ok(Gateway {
             config,
             pools,
             limiter,
+            tls,
         })
     }
 }
@@ -79,11 +90,20 @@ impl App {
 
     async fn try_reload(&self) -> Result<(), String> {
         let config = config::load(&self.config_path).map_err(|e| e.to_string())?;
+        for warning in &config.warnings {
+            log::warn!("{warning}");
+        }
         let old = self.current.load_full();
         if config.server.listen != old.config.server.listen
+            || config.server.tls_listen != old.config.server.tls_listen
             || config.admin.listen != old.config.admin.listen
         {
             log::warn!("listener addresses changed: they take effect on restart, not reload");
+        }
+        if config.tls.client_auth != old.config.tls.client_auth
+            || config.tls.client_ca != old.config.tls.client_ca
+        {
+            log::warn!("[tls] client_auth or client_ca changed: they take effect on restart, not reload (certificates and min_version are reloaded)");
         }
         let gateway =
             Gateway::build(config, Some(&old), self.clock.clone(), self.metrics.clone()).await?;

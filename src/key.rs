@@ -17,6 +17,8 @@ pub struct RequestFacts<'a> {
     pub query: Option<&'a str>,
     pub headers: &'a HeaderMap,
     pub route: &'a str,
+    /// Lower-case hex SHA-256 of the client's leaf certificate; `None` without mutual TLS.
+    pub client_cert: Option<&'a str>,
 }
 
 /// The client address: the TCP peer, unless the peer is a trusted proxy; then the
@@ -113,6 +115,7 @@ pub fn key_value(parts: &[KeyPart], req: &RequestFacts) -> Option<Vec<u8>> {
             KeyPart::Method => out.extend_from_slice(req.method.as_bytes()),
             KeyPart::Host => out.extend_from_slice(req.host.as_bytes()),
             KeyPart::Route => out.extend_from_slice(req.route.as_bytes()),
+            KeyPart::ClientCert => out.extend_from_slice(req.client_cert?.as_bytes()),
         }
     }
     Some(out)
@@ -226,6 +229,7 @@ mod tests {
             query: Some("user=u7&x"),
             headers: &headers,
             route: "api",
+            client_cert: None,
         };
         let one =
             |p: KeyPart| key_value(&[p], &req).map(|v| String::from_utf8_lossy(&v).into_owned());
@@ -246,6 +250,15 @@ mod tests {
             Some("s9")
         );
         assert_eq!(one(KeyPart::Cookie("sess".into())), None);
+        assert_eq!(one(KeyPart::ClientCert), None);
+        let with_cert = RequestFacts {
+            client_cert: Some("ab01"),
+            ..req
+        };
+        assert_eq!(
+            key_value(&[KeyPart::ClientCert], &with_cert),
+            Some(b"ab01".to_vec())
+        );
         assert_eq!(key_value(&[], &req), Some(Vec::new()));
         assert_eq!(hash(b"x").len(), 32);
         assert_ne!(hash(b"a\0b"), hash(b"a\0c"));

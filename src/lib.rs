@@ -7,6 +7,7 @@
 //! - `limiter`: deciding a route's policies together; `memory` and `redis` backends only store.
 //! - `proxy`: the Pingora proxy phases; `upstream` pools and health checks; responses.
 //! - `gateway`: the state built from one config, swapped whole on reload.
+//! - `tls`: TLS termination: certificates by SNI, client certificates, reload.
 //! - `admin`: /metrics, /healthz, /readyz. `metrics`: every metric family.
 //! - `server`: wiring it together and running until SIGTERM.
 
@@ -20,3 +21,4 @@ pub mod metrics;
 pub mod proxy;
 pub mod routing;
 pub mod server;
+pub mod tls;

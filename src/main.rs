@@ -16,6 +16,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for warning in &config.warnings {
+        eprintln!("{warning}");
+    }
     match cli.command {
         Command::Check { .. } => {
             println!("{}: ok", path.display());

@@ -19,6 +19,7 @@ pub struct Metrics {
     pub build_info: GaugeVec,
     pub connections: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
+    pub tls_certificate_expiry: IntGaugeVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -90,6 +91,16 @@ impl Metrics {
         for reason in ["per_ip", "header_timeout", "body_timeout"] {
             connections_rejected.with_label_values(&[reason]).reset();
         }
+        let expiry = IntGaugeVec::new(
+            Opts::new(
+                "sluice_tls_certificate_expiry_timestamp_seconds",
+                "Unix time of the notAfter of each [[certificates]] entry, named by its first host",
+            ),
+            &["certificate"],
+        )
+        .expect("valid gauge");
+        r.register(Box::new(expiry.clone()))
+            .expect("unique metric name");
         Metrics {
             http_requests: counter(
                 &r,
@@ -146,6 +157,7 @@ impl Metrics {
             build_info: build,
             connections,
             connections_rejected,
+            tls_certificate_expiry: expiry,
             registry: r,
         }
     }

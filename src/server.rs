@@ -80,6 +80,16 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
     for addr in &config.server.listen {
         proxy.add_listener(ListenerConfig::tcp(addr.to_string()).l4_buffer(CLIENT_BUFFERS));
     }
+    // HTTPS: every TLS listener asks the gateway's shared resolver (src/tls.rs) for certificates.
+    for addr in &config.server.tls_listen {
+        let settings = crate::tls::settings(&config, app.current.load().tls.clone())
+            .map_err(anyhow::Error::msg)?;
+        proxy.add_listener(
+            ListenerConfig::tcp(addr.to_string())
+                .tls(settings)
+                .l4_buffer(CLIENT_BUFFERS),
+        );
+    }
     let mut admin = Service::new("admin".to_owned(), Admin { app: app.clone() });
     admin.add_tcp(&config.admin.listen.to_string());
     admin.threads = Some(1);

@@ -3,17 +3,21 @@
 //! `load` parses a file, checks all of it, and returns either a `Config` or every
 //! problem found, each located at FILE:LINE:COL.
 
+mod certs;
 mod tree;
 mod validate;
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroU64;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
 use regex::Regex;
+use rustls::pki_types::CertificateDer;
+use rustls::sign::CertifiedKey;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -23,11 +27,19 @@ pub struct Config {
     pub upstreams: Vec<Upstream>,
     pub policies: Vec<Policy>,
     pub routes: Vec<Route>,
+    pub tls: Tls,
+    /// Read and checked from their files; the first is the default (DESIGN §8).
+    pub certificates: Vec<Certificate>,
+    /// Problems that do not stop sluice (a certificate about to expire), located like errors.
+    pub warnings: Vec<ConfigError>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Server {
+    /// Plain HTTP listeners; may be empty when `tls_listen` is not.
     pub listen: Vec<SocketAddr>,
+    /// HTTPS listeners.
+    pub tls_listen: Vec<SocketAddr>,
     pub threads: usize,
     pub grace_period: Duration,
     pub trusted_proxies: Vec<IpNet>,
@@ -59,6 +71,41 @@ pub enum HeaderStyle {
     Ietf,
     Legacy,
     Off,
+}
+
+/// `[tls]`: settings shared by every `tls_listen` listener.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tls {
+    pub min_version: TlsVersion,
+    pub client_auth: ClientAuth,
+    /// The CA certificates from `client_ca` (empty when it is not given).
+    pub client_ca: Vec<CertificateDer<'static>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TlsVersion {
+    V1_2,
+    V1_3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    Off,
+    Optional,
+    Require,
+}
+
+/// One `[[certificates]]` entry, read from its files when the config was loaded.
+#[derive(Debug, Clone)]
+pub struct Certificate {
+    /// SNI names: exact names, or `*.example.com` as `Suffix(".example.com")`.
+    pub hosts: Vec<HostMatch>,
+    /// The first entry of `hosts` as written: the `certificate` metric label.
+    pub name: String,
+    /// The chain (leaf first) with its private key, checked to match.
+    pub key: Arc<CertifiedKey>,
+    /// The leaf's notAfter, in Unix seconds.
+    pub not_after: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -164,6 +211,8 @@ pub enum KeyPart {
     Method,
     Host,
     Route,
+    /// Lower-case hex SHA-256 of the client's leaf certificate (DER), with mutual TLS only.
+    ClientCert,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,7 +344,8 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     }
 }
 
-/// Validates config text; `file` is only used in error messages.
+/// Validates config text from `file`: it names the file in messages, and relative paths in
+/// the config (certificates, keys, CAs) are read from its directory, as nginx does.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     let located = |problems: Vec<(usize, String)>| {
         let mut errors: Vec<ConfigError> = problems
@@ -315,7 +365,13 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         ConfigErrors(errors)
     };
     let root = tree::parse(text).map_err(|problem| located(vec![problem]))?;
-    validate::config(&root).map_err(located)
+    let dir = Path::new(file)
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let (mut config, warnings) = validate::config(&root, &dir).map_err(located)?;
+    config.warnings = located(warnings).0;
+    Ok(config)
 }
 
 /// 1-based line and column (in characters) of a byte offset.

@@ -5,11 +5,13 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::num::NonZeroU64;
 use std::ops::Range;
+use std::path::Path;
 use std::time::Duration;
 
 use ipnet::IpNet;
 use regex::Regex;
 
+use super::certs;
 use super::tree::{Node, Spanned};
 use super::*;
 
@@ -18,13 +20,19 @@ const EXACT_LIMIT: u128 = 1 << 53;
 
 type Entries = [(Spanned<String>, Spanned<Node>)];
 
-/// Problems found so far, as (byte offset, message).
+/// Problems found so far, as (byte offset, message); warnings apart.
 #[derive(Default)]
-struct Problems(RefCell<Vec<(usize, String)>>);
+struct Problems(RefCell<Vec<(usize, String)>>, RefCell<Vec<(usize, String)>>);
 
 impl Problems {
     fn at(&self, span: &Range<usize>, message: impl Into<String>) {
         self.0.borrow_mut().push((span.start, message.into()));
+    }
+
+    fn warn(&self, span: &Range<usize>, message: impl Into<String>) {
+        self.1
+            .borrow_mut()
+            .push((span.start, format!("warning: {}", message.into())));
     }
 }
 
@@ -292,17 +300,22 @@ fn parse_cidr(s: &str) -> Option<IpNet> {
         .or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))
 }
 
-pub(super) fn config(root: &Spanned<Node>) -> Result<Config, Vec<(usize, String)>> {
+/// The config and its warnings, or every problem; relative paths are read from `dir`.
+#[allow(clippy::type_complexity)]
+pub(super) fn config(
+    root: &Spanned<Node>,
+    dir: &Path,
+) -> Result<(Config, Vec<(usize, String)>), Vec<(usize, String)>> {
     let p = Problems::default();
-    let config = build(&p, root);
+    let config = build(&p, root, dir);
     let problems = p.0.into_inner();
     match config {
-        Some(config) if problems.is_empty() => Ok(config),
+        Some(config) if problems.is_empty() => Ok((config, p.1.into_inner())),
         _ => Err(problems),
     }
 }
 
-fn build(p: &Problems, root: &Spanned<Node>) -> Option<Config> {
+fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
     let top = Table::new(p, "the config", root)?;
     let server = top.required("server").and_then(|n| server(p, n));
     let admin = match top.get("admin") {
@@ -321,15 +334,184 @@ fn build(p: &Problems, root: &Spanned<Node>) -> Option<Config> {
         Some(node) => routes(p, node, &upstreams, &policies),
         None => Vec::new(),
     };
+    let tls = match top.get("tls") {
+        Some(n) => tls(p, n, dir),
+        None => Some(Tls::default()),
+    };
+    let certificates_node = top.get("certificates");
+    let certificates = match certificates_node {
+        Some(n) => certificates(p, n, dir),
+        None => Vec::new(),
+    };
+    let server = server?;
+    // Entries that failed their checks were reported already.
+    let no_entries = match certificates_node.map(|n| &n.value) {
+        Some(Node::Array(items)) => items.is_empty(),
+        Some(_) => false,
+        None => true,
+    };
+    if !server.tls_listen.is_empty() && no_entries {
+        p.at(
+            &top_key_span(&top, "server", "tls_listen"),
+            "`tls_listen` needs at least one [[certificates]] entry",
+        );
+    }
     top.finish();
     Some(Config {
-        server: server?,
+        server,
         admin: admin?,
         limiter: limiter?,
         upstreams,
         policies,
         routes,
+        tls: tls?,
+        certificates,
+        warnings: Vec::new(),
     })
+}
+
+/// The span of `key` inside the top-level table `table` (or of the table when absent).
+fn top_key_span(top: &Table, table: &str, key: &str) -> Range<usize> {
+    let Some(node) = top.entries.iter().find(|(k, _)| k.value == table) else {
+        return top.span.clone();
+    };
+    match &node.1.value {
+        Node::Table(entries) => entries
+            .iter()
+            .find(|(k, _)| k.value == key)
+            .map_or(node.1.span.clone(), |(k, _)| k.span.clone()),
+        _ => node.1.span.clone(),
+    }
+}
+
+impl Default for Tls {
+    fn default() -> Self {
+        Tls {
+            min_version: TlsVersion::V1_2,
+            client_auth: ClientAuth::Off,
+            client_ca: Vec::new(),
+        }
+    }
+}
+
+fn tls(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Tls> {
+    let t = Table::new(p, "[tls]", node)?;
+    let min_version = t
+        .choice(
+            "min_version",
+            &[("1.2", TlsVersion::V1_2), ("1.3", TlsVersion::V1_3)],
+        )
+        .unwrap_or(TlsVersion::V1_2);
+    let client_auth = t
+        .choice(
+            "client_auth",
+            &[
+                ("off", ClientAuth::Off),
+                ("optional", ClientAuth::Optional),
+                ("require", ClientAuth::Require),
+            ],
+        )
+        .unwrap_or(ClientAuth::Off);
+    let ca = t.string("client_ca");
+    let client_ca = match &ca {
+        Some(path) => certs::read_ca(&dir.join(&path.value)).unwrap_or_else(|e| {
+            p.at(&path.span, format!("`client_ca`: {e}"));
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
+    if ca.is_none() && client_auth != ClientAuth::Off {
+        p.at(
+            &t.key_span("client_auth"),
+            "`client_auth` other than \"off\" needs `client_ca`",
+        );
+    }
+    t.finish();
+    Some(Tls {
+        min_version,
+        client_auth,
+        client_ca,
+    })
+}
+
+fn certificates(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Vec<Certificate> {
+    let Node::Array(items) = &node.value else {
+        p.at(
+            &node.span,
+            format!(
+                "`certificates` must be an array of tables ([[certificates]]), found {}",
+                node.value.kind()
+            ),
+        );
+        return Vec::new();
+    };
+    let mut seen: HashMap<String, ()> = HashMap::new();
+    let mut out = Vec::new();
+    for item in items {
+        let Some(t) = Table::new(p, "[[certificates]]", item) else {
+            continue;
+        };
+        let hosts = t.required("hosts").and_then(|_| t.strings("hosts"));
+        if hosts.as_ref().is_some_and(Vec::is_empty) {
+            p.at(&t.key_span("hosts"), "`hosts` needs at least one name");
+        }
+        let hosts = hosts.unwrap_or_default();
+        let matches: Vec<HostMatch> = hosts
+            .iter()
+            .filter_map(|h| {
+                let host = h.value.to_ascii_lowercase();
+                if seen.insert(host.clone(), ()).is_some() {
+                    p.at(
+                        &h.span,
+                        format!("`hosts`: \"{}\" is already served by an earlier certificate", h.value),
+                    );
+                }
+                match host.strip_prefix("*.") {
+                    Some(rest) if !rest.is_empty() && !rest.contains('*') => {
+                        Some(HostMatch::Suffix(format!(".{rest}")))
+                    }
+                    None if !host.is_empty() && !host.contains('*') => Some(HostMatch::Exact(host)),
+                    _ => {
+                        p.at(
+                            &h.span,
+                            format!("`hosts`: bad name \"{}\" (expected \"api.example.com\" or \"*.example.com\")", h.value),
+                        );
+                        None
+                    }
+                }
+            })
+            .collect();
+        let cert = t.required("cert").and_then(|_| t.string("cert"));
+        let key = t.required("key").and_then(|_| t.string("key"));
+        t.finish();
+        let (Some(cert), Some(key)) = (cert, key) else {
+            continue;
+        };
+        let loaded = certs::read_pair(&dir.join(&cert.value), &dir.join(&key.value));
+        let loaded = match loaded {
+            Ok(loaded) => loaded,
+            Err(problems) => {
+                for problem in problems {
+                    match problem {
+                        certs::Problem::Cert(m) => p.at(&cert.span, format!("`cert`: {m}")),
+                        certs::Problem::Key(m) => p.at(&key.span, format!("`key`: {m}")),
+                    }
+                }
+                continue;
+            }
+        };
+        if let Some(soon) = loaded.expires_soon {
+            p.warn(&cert.span, format!("`cert`: {soon}"));
+        }
+        let Some(name) = hosts.first() else { continue };
+        out.push(Certificate {
+            hosts: matches,
+            name: name.value.clone(),
+            key: loaded.key,
+            not_after: loaded.not_after,
+        });
+    }
+    out
 }
 
 impl Default for Limiter {
@@ -362,15 +544,29 @@ fn socket_addr(p: &Problems, s: &Spanned<String>, key: &str) -> Option<SocketAdd
 
 fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
     let t = Table::new(p, "[server]", node)?;
-    let given = t.required("listen").and_then(|_| t.strings("listen"));
-    if given.as_ref().is_some_and(Vec::is_empty) {
-        p.at(&t.key_span("listen"), "`listen` needs at least one address");
+    // (whether the key holds addresses or was already reported, the good addresses)
+    let addresses = |key: &str| -> (bool, Vec<SocketAddr>) {
+        let given = t.strings(key);
+        let list = given
+            .as_ref()
+            .map(|v| v.iter().filter_map(|s| socket_addr(p, s, key)).collect())
+            .unwrap_or_default();
+        let wrong_type = given.is_none() && t.get(key).is_some();
+        (wrong_type || given.is_some_and(|v| !v.is_empty()), list)
+    };
+    let (has_plain, listen) = addresses("listen");
+    let (has_tls, tls_listen) = addresses("tls_listen");
+    if !has_plain && !has_tls {
+        let at = if t.get("listen").is_some() {
+            t.key_span("listen")
+        } else {
+            t.span.clone()
+        };
+        p.at(
+            &at,
+            "[server] needs at least one address in `listen` or `tls_listen`",
+        );
     }
-    let listen: Vec<SocketAddr> = given
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|s| socket_addr(p, s, "listen"))
-        .collect();
     let threads = t
         .int("threads", 1..=1024)
         .map(|n| n.value as usize)
@@ -419,6 +615,7 @@ fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
     t.finish();
     Some(Server {
         listen,
+        tls_listen,
         threads,
         grace_period,
         trusted_proxies,
@@ -681,6 +878,7 @@ fn key_part(p: &Problems, s: &Spanned<String>) -> Option<KeyPart> {
         "method" => Some(KeyPart::Method),
         "host" => Some(KeyPart::Host),
         "route" => Some(KeyPart::Route),
+        "client_cert" => Some(KeyPart::ClientCert),
         _ => {
             if let Some(bits) = v.strip_prefix("client_ip/") {
                 match bits.parse::<u8>() {
@@ -702,7 +900,7 @@ fn key_part(p: &Problems, s: &Spanned<String>) -> Option<KeyPart> {
     if part.is_none() {
         p.at(
             &s.span,
-            format!("`key`: unknown key part \"{v}\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host or route)"),
+            format!("`key`: unknown key part \"{v}\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route or client_cert)"),
         );
     }
     part

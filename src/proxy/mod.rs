@@ -187,6 +187,7 @@ impl ProxyHttp for Proxy {
             .await?;
             return Ok(true);
         }
+        let client_cert = crate::tls::client_cert_id(session.digest());
         let facts = RequestFacts {
             client_ip: ctx.client_ip,
             method: &method,
@@ -195,6 +196,7 @@ impl ProxyHttp for Proxy {
             query: req.uri.query(),
             headers: &req.headers,
             route: &route.name,
+            client_cert: client_cert.as_deref(),
         };
         let outcome = gateway
             .limiter
