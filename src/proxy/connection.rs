@@ -167,8 +167,9 @@ const IDLE: u8 = 2;
 /// No deadlines: HTTP/2 (streams are bounded by the h2 idle timeout and read timeouts).
 const OFF: u8 = 3;
 
-/// Read-ahead for a request's first bytes: most request headers fit in one read of this.
-const STASH_SIZE: usize = 2048;
+/// Read-ahead for a request's first bytes: API requests fit in one read of this; longer
+/// headers are read on by Pingora. Allocated while idle, so kept small.
+const STASH_SIZE: usize = 1024;
 
 const RESPONSE_408: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
