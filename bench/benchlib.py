@@ -70,7 +70,7 @@ def pid_alive(pid):
         return False
 
 
-def wait_http(port, secs, pid=None):
+def wait_http(port, secs, pid=None, scheme="http"):
     deadline = time.monotonic() + secs
     last = "no answer"
     while time.monotonic() < deadline:
@@ -78,7 +78,12 @@ def wait_http(port, secs, pid=None):
             print(f"process {pid} exited while waiting for 127.0.0.1:{port}", file=sys.stderr)
             return 1
         try:
-            c = http.client.HTTPConnection(HOST, port, timeout=1)
+            if scheme == "https":
+                import ssl
+                c = http.client.HTTPSConnection(HOST, port, timeout=1,
+                                                context=ssl._create_unverified_context())
+            else:
+                c = http.client.HTTPConnection(HOST, port, timeout=1)
             c.request("GET", "/")
             r = c.getresponse()
             r.read()
@@ -389,6 +394,15 @@ def report(rundir):
             if errs:
                 notes.append(f"contender {cid}: wrk socket errors (all rounds) "
                              + ", ".join(f"{k} {v}" for k, v in errs.items()))
+
+        tls_sl, tls_ngx = sums.get("9b", {}), sums.get("9a", {})
+        if "rps" in tls_sl and "rps" in tls_ngx:
+            cpu = ""
+            if tls_sl.get("cpu_us_req") and tls_ngx.get("cpu_us_req"):
+                cpu = (f"; proxy CPU per request {tls_sl['cpu_us_req']:.1f} µs against "
+                       f"{tls_ngx['cpu_us_req']:.1f} µs ({tls_sl['cpu_us_req'] / tls_ngx['cpu_us_req']:.2f}×)")
+            lines += ["", f"HTTPS keep-alive: sluice (9b) / nginx (9a) = "
+                          f"{fmt_ratio(tls_sl['rps'], tls_ngx['rps'])} in req/s{cpu}."]
 
         red_ids = [cid for cid in order if "redis" in sums[cid]]
         if red_ids:
@@ -717,7 +731,9 @@ def main(argv):
         print(seconds(args[0]))
         return 0
     if cmd == "wait":
-        return wait_http(int(args[0]), float(args[1]), int(args[2]) if len(args) > 2 else None)
+        return wait_http(int(args[0]), float(args[1]),
+                         int(args[2]) if len(args) > 2 and args[2] != "-" else None,
+                         args[3] if len(args) > 3 else "http")
     if cmd == "get":
         return http_get(int(args[0]), args[1])
     if cmd == "wrk":

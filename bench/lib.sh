@@ -160,9 +160,9 @@ run_bounded() {
 
 free_port() { python3 "$LIB" ports 1; }
 
-# wait_http PORT PID NAME: poll GET / for up to 15 s
+# wait_http PORT PID NAME: poll GET / for up to 15 s (over TLS when SCHEME=https)
 wait_http() {
-    if ! python3 "$LIB" wait "$1" 15 "$2" >/dev/null; then
+    if ! python3 "$LIB" wait "$1" 15 "$2" "${SCHEME:-http}" >/dev/null; then
         log "---- last lines of $TMP/log/$3.log ----"
         tail -n 30 "$TMP/log/$3.log" >&2 || true
         return 1
@@ -170,9 +170,9 @@ wait_http() {
 }
 
 # ------------------------------------------------------------------ nginx, redis
-# nginx_conf DIR PORT WORKERS HTTP_EXTRA SERVER_BODY
+# nginx_conf DIR PORT WORKERS HTTP_EXTRA SERVER_BODY [LISTEN_FLAGS, e.g. "ssl"]
 nginx_conf() {
-    local dir=$1 port=$2 workers=$3 http_extra=$4 server_body=$5
+    local dir=$1 port=$2 workers=$3 http_extra=$4 server_body=$5 flags=${6:-}
     mkdir -p "$dir"
     cat >"$dir/nginx.conf" <<EOF
 worker_processes $workers;
@@ -192,7 +192,7 @@ http {
     scgi_temp_path $dir/scgi;
 $http_extra
     server {
-        listen 127.0.0.1:$port;
+        listen 127.0.0.1:$port $flags;
 $server_body
     }
 }

@@ -10,7 +10,7 @@
 #   WORKERS [1]        worker processes/threads of nginx proxy, HAProxy (nbthread), sluice (threads)
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
-#   CONTENDERS         subset to run, e.g. "1 2 4" [1 2 3 3b 4 5 6 7 8a 8b]
+#   CONTENDERS         subset to run, e.g. "1 2 4" [1 2 3 3b 4 5 6 7 8a 8b 9a 9b]
 #   ALGORITHMS         subset for the Redis-per-algorithm section, or "none"
 #                      [fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency]
 #   OUT [bench/results/latest.md]   where the Markdown report is written
@@ -37,7 +37,7 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 6 7 8a 8b"
+ALL_CONTENDERS="1 2 3 3b 4 5 6 7 8a 8b 9a 9b"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
@@ -68,7 +68,7 @@ if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 ensure_tools wrk nginx haproxy redis-server redis-cli timeout setsid
 
 needs_sluice=0
-for c in $CONTENDERS; do case $c in 4|5|6|7|8a|8b) needs_sluice=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 4|5|6|7|8a|8b|9b) needs_sluice=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_sluice=1
 needs_redis=0
 for c in $CONTENDERS; do case $c in 6|7|8a|8b) needs_redis=1 ;; esac; done
@@ -168,10 +168,15 @@ alg_policy() {
 }
 
 # sluice_conf FILE PORT ADMIN_PORT BACKEND(memory|redis) DENY_CACHE(-|N) POLICIES_TOML ROUTE_POLICIES
+# (HTTPS on PORT when SCHEME=https, with the bench's throw-away certificate)
 sluice_conf() {
-    local file=$1 port=$2 admin=$3 backend=$4 deny=$5 policies=$6 route_pol=$7
+    local file=$1 port=$2 admin=$3 backend=$4 deny=$5 policies=$6 route_pol=$7 listen=listen
+    [ "${SCHEME:-http}" = https ] && listen=tls_listen
     {
-        printf '[server]\nlisten = ["127.0.0.1:%s"]\nthreads = %s\naccess_log = "off"\n\n' "$port" "$WORKERS"
+        printf '[server]\n%s = ["127.0.0.1:%s"]\nthreads = %s\naccess_log = "off"\n\n' "$listen" "$port" "$WORKERS"
+        if [ "${SCHEME:-http}" = https ]; then
+            printf '[[certificates]]\nhosts = ["localhost"]\ncert = "%s"\nkey = "%s"\n\n' "$TLS_CERT" "$TLS_KEY"
+        fi
         printf '[admin]\nlisten = "127.0.0.1:%s"\n\n' "$admin"
         printf '[limiter]\nbackend = "%s"\n' "$backend"
         if [ "$backend" = redis ]; then
@@ -186,7 +191,7 @@ sluice_conf() {
 
 # contender_info CID -> LABEL KIND BACKEND DENY POLICIES ROUTE_POL
 contender_info() {
-    BACKEND=memory DENY=- POLICIES="" ROUTE_POL=""
+    BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http
     case $1 in
         1)  LABEL="upstream direct (nginx return 200)"; KIND=upstream ;;
         2)  LABEL="nginx proxy, keepalive"; KIND=nginx ;;
@@ -201,13 +206,15 @@ contender_info() {
             DENY=100000; POLICIES=$POL_ATTACK; ROUTE_POL='"per_ip"' ;;
         8b) LABEL="sluice under attack (10/min), redis, deny_cache = 0"; KIND=sluice; BACKEND=redis
             DENY=0; POLICIES=$POL_ATTACK; ROUTE_POL='"per_ip"' ;;
+        9a) LABEL="nginx proxy, HTTPS keep-alive"; KIND=nginx; SCHEME=https ;;
+        9b) LABEL="sluice, no policies, HTTPS keep-alive"; KIND=sluice; SCHEME=https ;;
     esac
 }
 
 # ------------------------------------------------------------------ load
 # run_wrk PORT SECONDS DURATION OUTFILE
 run_wrk() {
-    run_bounded "$2" "$4" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency "http://127.0.0.1:$1/"
+    run_bounded "$2" "$4" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency "${SCHEME:-http}://127.0.0.1:$1/"
 }
 
 # measure ID LABEL ROUND PORT PID(-) NAME USES_REDIS ADMIN(-) DURATION DUR_S MANIFEST
@@ -254,7 +261,12 @@ run_contender() {
             port=$UP_PORT ;;
         nginx|nginx_limit)
             port=$(free_port)
-            if [ "$KIND" = nginx ]; then
+            if [ "$SCHEME" = https ]; then
+                nginx_conf "$TMP/conf/$name" "$port" "$WORKERS" "${NGINX_PROXY_HTTP//@UP@/$UP_PORT}" \
+                    "        ssl_certificate $TLS_CERT;
+        ssl_certificate_key $TLS_KEY;
+$NGINX_PROXY_LOC" ssl
+            elif [ "$KIND" = nginx ]; then
                 nginx_conf "$TMP/conf/$name" "$port" "$WORKERS" "${NGINX_PROXY_HTTP//@UP@/$UP_PORT}" "$NGINX_PROXY_LOC"
             else
                 nginx_conf "$TMP/conf/$name" "$port" "$WORKERS" \
@@ -305,6 +317,17 @@ run_algorithm() {
 # ------------------------------------------------------------------ main
 start_upstream
 
+# HTTPS contenders share one throw-away certificate (ECDSA P-256), made here, never kept.
+TLS_CERT=$TMP/tls/cert.pem TLS_KEY=$TMP/tls/key.pem
+if [[ " $CONTENDERS " == *" 9"* ]]; then
+    ensure_tools openssl
+    mkdir -p "$TMP/tls"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
+        -subj /CN=localhost -addext subjectAltName=DNS:localhost \
+        -keyout "$TLS_KEY" -out "$TLS_CERT" >"$TMP/log/openssl.log" 2>&1 \
+        || die "openssl could not make the bench certificate: $(tail -n 3 "$TMP/log/openssl.log")"
+fi
+
 REDIS_PORT=""
 if [ $needs_redis -eq 1 ]; then
     start_redis
@@ -333,7 +356,7 @@ fi
     echo "- machine: $(nproc) CPU(s), ${model:-unknown CPU}, kernel $(uname -r), load average at start $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
     echo "- command: \`DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WORKERS=$WORKERS WARMUP=$WARMUP ALG_DURATION=$ALG_DURATION $INVOCATION\`"
-    echo "- load: \`wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency http://127.0.0.1:PORT/\` per contender and round, $( [ "$WARMUP" = 0 ] && echo "no warm-up" || echo "after a $WARMUP unmeasured warm-up"); $ROUNDS round(s), order reversed on even rounds; median reported"
+    echo "- load: \`wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency http://127.0.0.1:PORT/\` (\`https://\` for 9a and 9b, TLS 1.3, one handshake per connection) per contender and round, $( [ "$WARMUP" = 0 ] && echo "no warm-up" || echo "after a $WARMUP unmeasured warm-up"); $ROUNDS round(s), order reversed on even rounds; median reported"
     echo "- workers: nginx proxy worker_processes = HAProxy nbthread = sluice threads = $WORKERS; upstream nginx: 1 worker, \`return 200 \"ok\\n\"\`"
     echo "- versions: sluice: $SLUICE_VERSION; $(nginx -v 2>&1 | head -n1); $(haproxy -v 2>&1 | head -n1 | cut -d' ' -f1-3); $(redis-server --version | cut -d' ' -f1-3); $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
 } >"$TMP/header.md"
