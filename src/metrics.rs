@@ -1,9 +1,26 @@
 //! Every metric family of DESIGN §5, registered once in one registry.
 
 use prometheus::{
-    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::config::Config;
+
+/// Every `decision` label value of `sluice_decisions_total` (`Decision::label`).
+pub const DECISIONS: [&str; 8] = [
+    "allowed",
+    "rejected",
+    "delayed",
+    "shadow_rejected",
+    "skipped",
+    "exempt",
+    "error_allowed",
+    "error_denied",
+];
+
+/// Every `kind` label value of `sluice_backend_errors_total` (`BackendError::kind`).
+pub const BACKEND_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "circuit_open"];
 
 pub struct Metrics {
     registry: Registry,
@@ -20,6 +37,20 @@ pub struct Metrics {
     pub connections: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
     pub tls_certificate_expiry: IntGaugeVec,
+    pub requests_in_flight: IntGauge,
+    pub near_limit: IntCounterVec,
+    pub config_last_reload_successful: IntGauge,
+    pub config_last_reload_timestamp: Gauge,
+    pub memory_keys: IntGauge,
+    pub memory_evictions: IntCounter,
+    pub deny_cache_entries: IntGauge,
+}
+
+fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric name");
+    c
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -101,6 +132,57 @@ impl Metrics {
         .expect("valid gauge");
         r.register(Box::new(expiry.clone()))
             .expect("unique metric name");
+        let gauge =
+            |name: &str, help: &str| register(&r, IntGauge::new(name, help).expect("valid gauge"));
+        let requests_in_flight = gauge(
+            "sluice_requests_in_flight",
+            "Requests being handled now, from the request header to the end of logging",
+        );
+        let config_last_reload_successful = gauge(
+            "sluice_config_last_reload_successful",
+            "1 when the last config load (start-up or SIGHUP) succeeded, 0 when it was rejected",
+        );
+        config_last_reload_successful.set(1);
+        let config_last_reload_timestamp = register(
+            &r,
+            Gauge::new(
+                "sluice_config_last_reload_timestamp_seconds",
+                "Unix time of the last successful config load (start-up or SIGHUP)",
+            )
+            .expect("valid gauge"),
+        );
+        config_last_reload_timestamp.set(unix_now());
+        let memory_keys = gauge(
+            "sluice_memory_keys",
+            "Keys the memory backend tracks now (the store, or the on_error = local fallback)",
+        );
+        let memory_evictions = register(
+            &r,
+            IntCounter::new(
+                "sluice_memory_evictions_total",
+                "Keys the memory backend dropped before they expired because it held max_keys",
+            )
+            .expect("valid counter"),
+        );
+        let deny_cache_entries = gauge(
+            "sluice_deny_cache_entries",
+            "Over-limit keys in the local deny cache now",
+        );
+        // CPU, resident memory, open and max fds, threads, start time (Linux only).
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("unique metric name");
+        let config_reloads = counter(
+            &r,
+            "sluice_config_reloads_total",
+            "Config reloads",
+            &["result"],
+        );
+        for result in ["success", "failure"] {
+            config_reloads.with_label_values(&[result]).reset();
+        }
         Metrics {
             http_requests: counter(
                 &r,
@@ -148,17 +230,86 @@ impl Metrics {
                 &["upstream"],
                 request_buckets,
             ),
-            config_reloads: counter(
+            config_reloads,
+            near_limit: counter(
                 &r,
-                "sluice_config_reloads_total",
-                "Config reloads",
-                &["result"],
+                "sluice_near_limit_total",
+                "Allowed decisions that left less than 20% of the policy's quota",
+                &["route", "policy"],
             ),
             build_info: build,
             connections,
             connections_rejected,
             tls_certificate_expiry: expiry,
+            requests_in_flight,
+            config_last_reload_successful,
+            config_last_reload_timestamp,
+            memory_keys,
+            memory_evictions,
+            deny_cache_entries,
             registry: r,
+        }
+    }
+
+    /// Creates at 0 every series `config` determines, and removes those only `previous` had,
+    /// so `rate()` and `increase()` see the first event of each (DESIGN §5).
+    pub fn prime(&self, config: &Config, previous: Option<&Config>, backend: &str) {
+        let pairs = |c: &Config| -> Vec<(String, String)> {
+            c.routes
+                .iter()
+                .flat_map(|r| {
+                    r.policies
+                        .iter()
+                        .map(|&p| (r.name.clone(), c.policies[p].name.clone()))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let now = pairs(config);
+        for (route, policy) in &now {
+            for decision in DECISIONS {
+                self.decisions
+                    .with_label_values(&[route, policy, decision])
+                    .inc_by(0);
+            }
+            self.near_limit
+                .with_label_values(&[route, policy])
+                .inc_by(0);
+        }
+        for policy in &config.policies {
+            self.deny_cache_hits
+                .with_label_values(&[&policy.name])
+                .inc_by(0);
+        }
+        for kind in BACKEND_ERROR_KINDS {
+            self.backend_errors
+                .with_label_values(&[backend, kind])
+                .inc_by(0);
+        }
+        let Some(previous) = previous else { return };
+        for (route, policy) in pairs(previous) {
+            if now.contains(&(route.clone(), policy.clone())) {
+                continue;
+            }
+            for decision in DECISIONS {
+                let _ = self
+                    .decisions
+                    .remove_label_values(&[&route, &policy, decision]);
+            }
+            let _ = self.near_limit.remove_label_values(&[&route, &policy]);
+        }
+        for policy in &previous.policies {
+            if !config.policies.iter().any(|p| p.name == policy.name) {
+                let _ = self.deny_cache_hits.remove_label_values(&[&policy.name]);
+            }
+        }
+    }
+
+    /// Records the result of a config load attempt (start-up or SIGHUP).
+    pub fn config_loaded(&self, ok: bool) {
+        self.config_last_reload_successful.set(i64::from(ok));
+        if ok {
+            self.config_last_reload_timestamp.set(unix_now());
         }
     }
 
@@ -169,6 +320,12 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
     }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl Default for Metrics {

@@ -143,7 +143,10 @@ impl Limiter {
         let same = previous.filter(|p| p.settings == settings);
         let local = match same {
             Some(p) => p.local.clone(),
-            None => Arc::new(MemoryBackend::new(settings.max_keys)),
+            None => Arc::new(
+                MemoryBackend::new(settings.max_keys)
+                    .counting_evictions(metrics.memory_evictions.clone()),
+            ),
         };
         let backend: Arc<dyn Backend> = match (&settings.backend, same) {
             (config::Backend::Memory, _) => local.clone(),
@@ -491,12 +494,42 @@ impl Limiter {
 
     fn count(&self, route: &str, policies: &[Policy], outcome: &Outcome) {
         for p in &outcome.policies {
+            let policy = &policies[p.policy];
             self.metrics
                 .decisions
-                .with_label_values(&[route, &policies[p.policy].name, p.decision.label()])
+                .with_label_values(&[route, &policy.name, p.decision.label()])
                 .inc();
+            if let (Decision::Allowed | Decision::Delayed, Some(v)) = (p.decision, p.verdict) {
+                if near_limit(policy, &v) {
+                    self.metrics
+                        .near_limit
+                        .with_label_values(&[route, &policy.name])
+                        .inc();
+                }
+            }
         }
     }
+
+    /// Keys the memory backend (the store, or the `local` fallback) holds now.
+    pub fn memory_keys(&self) -> usize {
+        self.local.len()
+    }
+
+    /// Entries in the deny cache now (0 without one).
+    pub fn deny_cache_entries(&self) -> usize {
+        self.deny_cache.as_ref().map_or(0, DenyCache::len)
+    }
+}
+
+/// Whether an allowed decision left less than 20% of the policy's quota (Envoy ratelimit's
+/// "near limit"). The quota is what `remaining` counts down from: the bucket's capacity
+/// (`burst`) for the bucket algorithms, `limit` for the windows, the log and concurrency.
+fn near_limit(policy: &Policy, verdict: &Verdict) -> bool {
+    let quota = match policy.algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => policy.burst.get(),
+        _ => policy.limit.get(),
+    };
+    u128::from(verdict.remaining) * 5 < u128::from(quota)
 }
 
 /// The numbers of `policy` its algorithm needs.
