@@ -5,7 +5,7 @@ use prometheus::{
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::Config;
+use crate::config::{Config, Mode, Policy};
 
 /// Every `decision` label value of `sluice_decisions_total` (`Decision::label`).
 pub const DECISIONS: [&str; 8] = [
@@ -44,6 +44,7 @@ pub struct Metrics {
     pub memory_keys: IntGauge,
     pub memory_evictions: IntCounter,
     pub deny_cache_entries: IntGauge,
+    pub policy_info: IntGaugeVec,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -247,6 +248,17 @@ impl Metrics {
             memory_keys,
             memory_evictions,
             deny_cache_entries,
+            policy_info: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "sluice_policy_info",
+                        "1 for each configured policy: its algorithm and mode (enforce or shadow)",
+                    ),
+                    &["policy", "algorithm", "mode"],
+                )
+                .expect("valid gauge"),
+            ),
             registry: r,
         }
     }
@@ -276,7 +288,15 @@ impl Metrics {
                 .with_label_values(&[route, policy])
                 .inc_by(0);
         }
+        if let Some(previous) = previous {
+            for policy in &previous.policies {
+                let _ = self.policy_info.remove_label_values(&policy_labels(policy));
+            }
+        }
         for policy in &config.policies {
+            self.policy_info
+                .with_label_values(&policy_labels(policy))
+                .set(1);
             self.deny_cache_hits
                 .with_label_values(&[&policy.name])
                 .inc_by(0);
@@ -320,6 +340,14 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
     }
+}
+
+fn policy_labels(policy: &Policy) -> [&str; 3] {
+    let mode = match policy.mode {
+        Mode::Enforce => "enforce",
+        Mode::Shadow => "shadow",
+    };
+    [&policy.name, policy.algorithm.name(), mode]
 }
 
 fn unix_now() -> f64 {
