@@ -361,3 +361,114 @@ impl Default for Metrics {
         Metrics::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+
+    fn config(extra: &str) -> Config {
+        let text = format!(
+            r#"
+[server]
+listen = ["127.0.0.1:8080"]
+
+[policies.per_ip]
+algorithm = "gcra"
+limit = 10
+period = "1s"
+key = ["client_ip"]
+
+[policies.watch]
+algorithm = "fixed_window"
+limit = 10
+period = "1s"
+key = []
+mode = "shadow"
+
+[[routes]]
+name = "api"
+path = "/api"
+respond = {{ status = 200, body = "ok" }}
+policies = ["per_ip", "watch"]
+{extra}
+"#
+        );
+        match config::parse("test.toml", &text) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn scrape(m: &Metrics) -> String {
+        String::from_utf8(m.render()).unwrap_or_default()
+    }
+
+    #[test]
+    fn every_series_the_config_determines_starts_at_zero() {
+        let m = Metrics::new();
+        m.prime(&config(""), None, "redis");
+        let text = scrape(&m);
+        for decision in DECISIONS {
+            let line = format!(
+                "sluice_decisions_total{{decision=\"{decision}\",policy=\"watch\",route=\"api\"}} 0"
+            );
+            assert!(text.contains(&line), "{line} missing");
+        }
+        for want in [
+            "sluice_near_limit_total{policy=\"per_ip\",route=\"api\"} 0",
+            "sluice_config_reloads_total{result=\"failure\"} 0",
+            "sluice_config_reloads_total{result=\"success\"} 0",
+            "sluice_backend_errors_total{backend=\"redis\",kind=\"circuit_open\"} 0",
+            "sluice_deny_cache_hits_total{policy=\"watch\"} 0",
+            "sluice_policy_info{algorithm=\"fixed_window\",mode=\"shadow\",policy=\"watch\"} 1",
+            "sluice_config_last_reload_successful 1",
+            "sluice_requests_in_flight 0",
+        ] {
+            assert!(text.contains(want), "{want} missing");
+        }
+    }
+
+    #[test]
+    fn a_reload_adds_new_series_at_zero_and_drops_removed_ones() {
+        let m = Metrics::new();
+        let old = config("");
+        m.prime(&old, None, "memory");
+        let extra = r#"
+[policies.fresh]
+algorithm = "fixed_window"
+limit = 5
+period = "1s"
+key = []
+
+[[routes]]
+name = "extra"
+path = "/extra"
+respond = { status = 200, body = "ok" }
+policies = ["fresh"]
+"#;
+        let new = config(extra);
+        m.prime(&new, Some(&old), "memory");
+        let text = scrape(&m);
+        assert!(text.contains(
+            "sluice_decisions_total{decision=\"allowed\",policy=\"fresh\",route=\"extra\"} 0"
+        ));
+        m.prime(&old, Some(&new), "memory");
+        let text = scrape(&m);
+        assert!(!text.contains("route=\"extra\""), "{text}");
+        assert!(!text.contains("policy=\"fresh\""), "{text}");
+        assert!(text.contains("policy=\"watch\""));
+    }
+
+    #[test]
+    fn process_families_are_exported() {
+        let text = scrape(&Metrics::new());
+        for family in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+        ] {
+            assert!(text.contains(&format!("# TYPE {family} ")), "{family}");
+        }
+    }
+}

@@ -543,3 +543,53 @@ pub fn rule_of(policy: &Policy) -> Rule {
         lease_ms: (policy.lease.as_millis() as u64).max(1),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policies() -> Vec<Policy> {
+        let text = r#"
+[server]
+listen = ["127.0.0.1:8080"]
+
+[policies.bucket]
+algorithm = "gcra"
+limit = 10
+period = "1s"
+burst = 20
+key = []
+
+[policies.window]
+algorithm = "fixed_window"
+limit = 10
+period = "1s"
+key = []
+
+[[routes]]
+name = "r"
+path = "/"
+respond = { status = 200 }
+policies = ["bucket", "window"]
+"#;
+        match config::parse("test.toml", text) {
+            Ok(c) => c.policies,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn near_limit_is_less_than_a_fifth_of_the_quota_left() {
+        let p = policies();
+        let left = |remaining| Verdict {
+            allowed: true,
+            remaining,
+            ..Verdict::default()
+        };
+        // gcra counts down from its burst (20), fixed_window from its limit (10).
+        assert!(near_limit(&p[0], &left(3)));
+        assert!(!near_limit(&p[0], &left(4)));
+        assert!(near_limit(&p[1], &left(1)));
+        assert!(!near_limit(&p[1], &left(2)));
+    }
+}
