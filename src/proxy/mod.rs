@@ -437,12 +437,16 @@ impl ProxyHttp for Proxy {
 
 /// Whether `e` is the client closing or breaking its connection before the response
 /// was complete (Pingora: "Downstream ConnectionClosed ... Prematurely before response
-/// header is sent", or a failed read or write on the client side).
+/// header is sent", a failed read or write on the client side, or an HTTP/2 stream the
+/// client reset: "Client closed H2").
 fn client_went_away(e: &Error) -> bool {
     e.esource() == &pingora::ErrorSource::Downstream
         && matches!(
             e.etype(),
-            ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed
+            ErrorType::WriteError
+                | ErrorType::ReadError
+                | ErrorType::ConnectionClosed
+                | ErrorType::H2Error
         )
 }
 
