@@ -57,7 +57,7 @@ ops: build
 	scripts/check-ops.sh $(SLUICE)
 
 # Two live sluices scraped every second by a real Prometheus through a scripted scenario:
-# every dashboard query returns data, the alerts fire and resolve when they should (~75 s).
+# every dashboard query returns data, the alerts fire and resolve when they should (~1 minute).
 prometheus: build
 	scripts/check-prometheus.sh $(SLUICE)
 

@@ -635,7 +635,7 @@ for path, exprs in ((dashboard, dashboard_exprs(dashboard)), (alerts, rule_exprs
 for p in problems:
     print(p)
 if not problems:
-    fams = sorted({re.sub(r"_(bucket|sum|count)$", "", n) for n in used})
+    fams = sorted({re.sub(r"_(bucket|sum|count)$", "", n) for n in used} - (PENDING - set(types)))
     print(f"{len(fams)} metrics used, all exported: {' '.join(fams)}")
 sys.exit(1 if problems else 0)
 EOF
