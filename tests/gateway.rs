@@ -176,6 +176,36 @@ fn a_dead_upstream_gives_502_quickly() {
     );
 }
 
+#[test]
+fn a_client_that_hangs_up_before_the_response_is_counted_499() {
+    let slow = Upstream::start_with_delay("slow", Duration::from_millis(1500));
+    let s = Sluice::start(&base(&format!(
+        "[upstreams.u]\nservers = [\"{}\"]\n[[routes]]\nname = \"all\"\nupstream = \"u\"\n",
+        slow.addr
+    )));
+    let mut client = TcpStream::connect(s.addr).expect("connect to sluice");
+    client
+        .write_all(b"GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .expect("send the request");
+    assert!(
+        s.wait_for(Duration::from_secs(1), || s
+            .metric("sluice_requests_in_flight")
+            == 1.0),
+        "the waiting request is in flight"
+    );
+    drop(client);
+    let counted = || s.metric(r#"sluice_http_requests_total{route="all",status="499"}"#);
+    assert!(
+        s.wait_for(Duration::from_secs(5), || counted() == 1.0),
+        "{}",
+        s.metrics()
+    );
+    assert!(!s.metrics().contains(r#"route="all",status="502""#));
+    assert!(s.wait_for(Duration::from_secs(2), || s
+        .metric("sluice_requests_in_flight")
+        == 0.0));
+}
+
 const RELOAD_A: &str = r#"
 [[routes]]
 name = "one"

@@ -44,6 +44,11 @@ impl DenyCache {
         }
     }
 
+    /// Entries held now (some may have passed their time and not been dropped yet).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
     pub fn insert(&self, key: &str, until: u64) {
         let mut shard = self.shard(key).lock();
         if shard.len() >= self.per_shard && !shard.contains_key(key) {

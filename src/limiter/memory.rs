@@ -30,6 +30,8 @@ struct Shard {
 pub struct MemoryBackend {
     shards: Vec<Mutex<Shard>>,
     per_shard: usize,
+    /// Live keys dropped to stay within `max_keys` (`sluice_memory_evictions_total`).
+    evictions: prometheus::IntCounter,
 }
 
 impl MemoryBackend {
@@ -37,7 +39,15 @@ impl MemoryBackend {
         MemoryBackend {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: max_keys.div_ceil(SHARDS).max(1),
+            evictions: prometheus::IntCounter::new("evictions", "unregistered")
+                .expect("valid counter"),
         }
+    }
+
+    /// Counts evictions of live keys in `counter` (the registered metric).
+    pub fn counting_evictions(mut self, counter: prometheus::IntCounter) -> Self {
+        self.evictions = counter;
+        self
     }
 
     fn shard_of(key: &str) -> usize {
@@ -88,13 +98,16 @@ impl MemoryBackend {
                     let state = std::mem::replace(state, State::Leases(Vec::new()));
                     let expires = algorithm::expires_at(&check.rule, &state);
                     let per_shard = self.per_shard;
-                    Self::guard(&mut guards, &check.key).insert(
+                    let evicted = Self::guard(&mut guards, &check.key).insert(
                         check.key.clone(),
                         state,
                         expires,
                         now,
                         per_shard,
                     );
+                    if evicted {
+                        self.evictions.inc();
+                    }
                 }
             }
         }
@@ -116,19 +129,27 @@ impl MemoryBackend {
 }
 
 impl Shard {
-    fn insert(&mut self, key: String, state: State, expires: u64, now: u64, capacity: usize) {
+    /// Stores `key`; true when a live key had to be dropped to make room.
+    fn insert(
+        &mut self,
+        key: String,
+        state: State,
+        expires: u64,
+        now: u64,
+        capacity: usize,
+    ) -> bool {
         self.inserts += 1;
         if self.inserts.is_multiple_of(SWEEP_EVERY) {
             self.map.retain(|_, e| e.expires > now);
         }
-        if self.map.len() >= capacity && !self.map.contains_key(&key) {
-            self.evict(now);
-        }
+        let evicted = self.map.len() >= capacity && !self.map.contains_key(&key) && self.evict(now);
         self.map.insert(key, Entry { state, expires });
+        evicted
     }
 
-    /// Drops expired entries among a sample, or else the sampled entry closest to expiry.
-    fn evict(&mut self, now: u64) {
+    /// Drops expired entries among a sample, or else the sampled entry closest to expiry
+    /// (then returns true: a live key was evicted).
+    fn evict(&mut self, now: u64) -> bool {
         let sample: Vec<(String, u64)> = self
             .map
             .iter()
@@ -142,13 +163,14 @@ impl Shard {
             .collect();
         if expired.is_empty() {
             if let Some((victim, _)) = sample.iter().min_by_key(|(_, exp)| *exp) {
-                self.map.remove(victim);
+                return self.map.remove(victim).is_some();
             }
         } else {
             for key in expired {
                 self.map.remove(key);
             }
         }
+        false
     }
 }
 
@@ -226,6 +248,7 @@ mod tests {
             m.decide_now(&[check(&format!("k{i}"), Algorithm::Gcra, 10, true)], 5_000);
         }
         assert!(m.len() <= 640, "{}", m.len());
+        assert!(m.evictions.get() >= 50_000 - 640, "{}", m.evictions.get());
     }
 
     #[test]

@@ -143,7 +143,10 @@ impl Limiter {
         let same = previous.filter(|p| p.settings == settings);
         let local = match same {
             Some(p) => p.local.clone(),
-            None => Arc::new(MemoryBackend::new(settings.max_keys)),
+            None => Arc::new(
+                MemoryBackend::new(settings.max_keys)
+                    .counting_evictions(metrics.memory_evictions.clone()),
+            ),
         };
         let backend: Arc<dyn Backend> = match (&settings.backend, same) {
             (config::Backend::Memory, _) => local.clone(),
@@ -491,12 +494,42 @@ impl Limiter {
 
     fn count(&self, route: &str, policies: &[Policy], outcome: &Outcome) {
         for p in &outcome.policies {
+            let policy = &policies[p.policy];
             self.metrics
                 .decisions
-                .with_label_values(&[route, &policies[p.policy].name, p.decision.label()])
+                .with_label_values(&[route, &policy.name, p.decision.label()])
                 .inc();
+            if let (Decision::Allowed | Decision::Delayed, Some(v)) = (p.decision, p.verdict) {
+                if near_limit(policy, &v) {
+                    self.metrics
+                        .near_limit
+                        .with_label_values(&[route, &policy.name])
+                        .inc();
+                }
+            }
         }
     }
+
+    /// Keys the memory backend (the store, or the `local` fallback) holds now.
+    pub fn memory_keys(&self) -> usize {
+        self.local.len()
+    }
+
+    /// Entries in the deny cache now (0 without one).
+    pub fn deny_cache_entries(&self) -> usize {
+        self.deny_cache.as_ref().map_or(0, DenyCache::len)
+    }
+}
+
+/// Whether an allowed decision left less than 20% of the policy's quota (Envoy ratelimit's
+/// "near limit"). The quota is what `remaining` counts down from: the bucket's capacity
+/// (`burst`) for the bucket algorithms, `limit` for the windows, the log and concurrency.
+fn near_limit(policy: &Policy, verdict: &Verdict) -> bool {
+    let quota = match policy.algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => policy.burst.get(),
+        _ => policy.limit.get(),
+    };
+    u128::from(verdict.remaining) * 5 < u128::from(quota)
 }
 
 /// The numbers of `policy` its algorithm needs.
@@ -508,5 +541,55 @@ pub fn rule_of(policy: &Policy) -> Rule {
         burst: policy.burst.get(),
         max_delay_ms: policy.delay.map(|d| d.as_millis() as u64),
         lease_ms: (policy.lease.as_millis() as u64).max(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policies() -> Vec<Policy> {
+        let text = r#"
+[server]
+listen = ["127.0.0.1:8080"]
+
+[policies.bucket]
+algorithm = "gcra"
+limit = 10
+period = "1s"
+burst = 20
+key = []
+
+[policies.window]
+algorithm = "fixed_window"
+limit = 10
+period = "1s"
+key = []
+
+[[routes]]
+name = "r"
+path = "/"
+respond = { status = 200 }
+policies = ["bucket", "window"]
+"#;
+        match config::parse("test.toml", text) {
+            Ok(c) => c.policies,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn near_limit_is_less_than_a_fifth_of_the_quota_left() {
+        let p = policies();
+        let left = |remaining| Verdict {
+            allowed: true,
+            remaining,
+            ..Verdict::default()
+        };
+        // gcra counts down from its burst (20), fixed_window from its limit (10).
+        assert!(near_limit(&p[0], &left(3)));
+        assert!(!near_limit(&p[0], &left(4)));
+        assert!(near_limit(&p[1], &left(1)));
+        assert!(!near_limit(&p[1], &left(2)));
     }
 }

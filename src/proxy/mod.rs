@@ -319,10 +319,7 @@ impl ProxyHttp for Proxy {
                     .inc();
                 408
             }
-            (
-                ErrorSource::Downstream,
-                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed,
-            ) => 0, // the client is gone: nobody to answer
+            _ if client_went_away(e) => 0, // nobody to answer; counted as 499
             (ErrorSource::Downstream, _) => 400,
             _ => 500,
         };
@@ -405,10 +402,15 @@ impl ProxyHttp for Proxy {
         if let Some(conn) = ClientConn::of(session.stream()) {
             conn.request_finished(wire_length(session));
         }
-        let status = session
-            .response_written()
-            .map(|r| r.status.as_u16())
-            .unwrap_or(if e.is_some() { 502 } else { 0 });
+        let status = match e {
+            // nginx's 499: the client went away before the response was complete,
+            // whatever part of it was already written.
+            Some(e) if client_went_away(e) => 499,
+            _ => session
+                .response_written()
+                .map(|r| r.status.as_u16())
+                .unwrap_or(if e.is_some() { 502 } else { 0 }),
+        };
         let route = ctx.route_name().to_owned();
         let elapsed = ctx.started.elapsed();
         let m = &self.app.metrics;
@@ -431,6 +433,21 @@ impl ProxyHttp for Proxy {
             access_log(format, session, ctx, gateway, &route, status, elapsed);
         }
     }
+}
+
+/// Whether `e` is the client closing or breaking its connection before the response
+/// was complete (Pingora: "Downstream ConnectionClosed ... Prematurely before response
+/// header is sent", a failed read or write on the client side, or an HTTP/2 stream the
+/// client reset: "Client closed H2").
+fn client_went_away(e: &Error) -> bool {
+    e.esource() == &pingora::ErrorSource::Downstream
+        && matches!(
+            e.etype(),
+            ErrorType::WriteError
+                | ErrorType::ReadError
+                | ErrorType::ConnectionClosed
+                | ErrorType::H2Error
+        )
 }
 
 /// Why an HTTP/1.1 request's Host is unusable (RFC 9112 §3.2: missing or repeated).
