@@ -10,7 +10,8 @@ CONFIGS  := $(wildcard conf/*.toml)
 
 all: build
 
-# The build needs cmake; the tests need redis-server, redis-cli and faketime (clock skew).
+# The build needs cmake; the tests need redis-server, redis-cli, faketime (clock skew) and
+# python3-websockets (the WebSocket upstream of tests/websocket.rs, for Debian's python3).
 # Installs what is missing with apt when run as root; otherwise says exactly what to install.
 deps:
 	@missing=""; \
@@ -18,6 +19,8 @@ deps:
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
 	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
+	/usr/bin/python3 -c 'import websockets' >/dev/null 2>&1 || \
+	  python3 -c 'import websockets' >/dev/null 2>&1 || missing="$$missing python3-websockets"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing:$$missing"; \
