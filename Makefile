@@ -10,8 +10,9 @@ CONFIGS  := $(wildcard conf/*.toml)
 
 all: build
 
-# The build needs cmake; the tests need redis-server, redis-cli, faketime (clock skew) and
-# prometheus (the server and promtool: the dashboard and alerts are checked in a real one).
+# The build needs cmake; the tests need redis-server, redis-cli, faketime (clock skew),
+# prometheus (the server and promtool: the dashboard and alerts are checked in a real one)
+# and python3-websockets (the WebSocket upstream of tests/websocket.rs, for Debian's python3).
 # Installs what is missing with apt when run as root; otherwise says exactly what to install.
 deps:
 	@missing=""; \
@@ -20,6 +21,8 @@ deps:
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
 	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
 	{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	/usr/bin/python3 -c 'import websockets' >/dev/null 2>&1 || \
+	  python3 -c 'import websockets' >/dev/null 2>&1 || missing="$$missing python3-websockets"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing:$$missing"; \

@@ -8,11 +8,26 @@
 --         lease id this request holds if admitted ("0": take no lease, only count).
 -- Calls:  as common.lua describes; 'store' needs no state; 'refund' gives the slot back
 --         (releases the check's lease); 'release' frees lease `x` (decide.lua's mode
---         "release").
-local function concurrency(key, at, now, op, cost, x)
+--         "release"); 'renew' makes lease `x`, if still live, expire `y` ms from now and
+--         returns 1, else 0: a released or expired lease is not brought back, its slot may
+--         be another's (decide.lua's mode "renew", while the request holding it lasts).
+local function concurrency(key, at, now, op, cost, x, y)
   local argv = ARGV
   local allowed, remaining, retry
   local lease = x
+  if op == 'renew' then
+    local score = redis.call('ZSCORE', key, lease)
+    if not score or score + 0 <= now then return 0 end
+    local expiry = now + y
+    if expiry > score + 0 then
+      redis.call('ZADD', key, string.format('%d', expiry), lease)
+      -- The key lives until its latest lease expires: this one, now, at the latest.
+      if redis.call('PTTL', key) < y + 0 then
+        redis.call('PEXPIRE', key, string.format('%d', y))
+      end
+    end
+    return 1
+  end
   if op ~= 'release' then lease = argv[at + 5] end
   if op == 'release' or op == 'refund' then
     redis.call('ZREM', key, lease)

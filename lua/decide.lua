@@ -10,6 +10,8 @@
 --           "peek"    evaluate only, charge nothing
 --           "refund"  take back one charge of every check, made at time ARGV[3]
 --           "release" concurrency: free lease ARGV[2 + i] under KEYS[i]
+--           "renew"   concurrency: lease ARGV[1 + 2i] under KEYS[i], if still live, now
+--                     expires ARGV[2 + 2i] ms from now
 -- ARGV[2] now in ms, or "" to read the server's clock (TIME)
 -- then six fields per check (for "refund" after ARGV[3]): algorithm, limit, period_ms,
 --         burst, max_delay_ms ("" when requests over the limit are rejected), cost;
@@ -17,7 +19,8 @@
 --         lease id the request takes if admitted ("0": none).
 -- Returns "decide"/"peek": {now, then per check: allowed (1/0), remaining, reset_ms,
 --         delay_ms (allowed: the wait before it passes; denied: the retry-after)};
---         "refund"/"release": {now}. Whether a decide charged follows from the verdicts.
+--         "refund"/"release": {now}; "renew": {now, then per key 1 if the lease was
+--         live (and is renewed), else 0}. Whether a decide charged follows from the verdicts.
 --
 -- A check of cost 0 only observes: it is decided (always allowed, see the algorithm
 -- files) but never charged, so never refunded either.
@@ -77,6 +80,15 @@ if mode == 'release' then
     release(KEYS[i], 0, now, 'release', 0, argv[2 + i])
   end
   return {now}
+end
+
+if mode == 'renew' then
+  local renew = NAME == 'concurrency' and ALGORITHM or ALGORITHMS.concurrency
+  local reply = {now}
+  for i = 1, checks do
+    reply[i + 1] = renew(KEYS[i], 0, now, 'renew', 0, argv[1 + 2 * i], argv[2 + 2 * i])
+  end
+  return reply
 end
 
 -- The fields of check i follow ARGV[first + FIELDS·(i − 1)].

@@ -215,6 +215,26 @@ impl Twin {
         want
     }
 
+    /// Renews on both; they must agree on whether the lease was live.
+    async fn renew(&self, key: &str, lease: u64, lease_ms: u64, now: u64) -> bool {
+        let key = self.scoped(key);
+        let memory = self
+            .memory
+            .renew(&key, lease, lease_ms, now)
+            .await
+            .expect("memory renew");
+        let redis = self
+            .redis
+            .renew(&key, lease, lease_ms, now)
+            .await
+            .expect("redis renew");
+        assert_eq!(
+            redis, memory,
+            "redis (left) and memory (right) renew {key} {lease}"
+        );
+        memory
+    }
+
     async fn release(&self, key: &str, lease: u64) {
         let key = self.scoped(key);
         self.memory
@@ -546,6 +566,43 @@ async fn concurrency_acquire_release_and_lease_expiry_match() {
             "the last release deletes the set"
         );
     }
+}
+
+/// Renewal moves a live lease's expiry on, on both backends alike, and never brings back a
+/// released or expired lease.
+#[tokio::test]
+async fn concurrency_renewal_matches() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut r = rule(Algorithm::Concurrency, 1, 1_000, 1);
+    r.lease_ms = 2_000;
+    let k = key("r", "inflight", &r);
+    let ctx = || "concurrency renewal".to_owned();
+    let acquire = |lease| [check(&k, r, 1, true, lease)];
+    let mut clock = TestClock::new();
+    let t0 = clock.now();
+    assert!(twin.decide(&acquire(1), t0, &ctx).await[0].allowed);
+    assert!(twin.renew(&k, 1, 2_000, clock.to(t0 + 1_500)).await);
+    // Lease 1 would have expired at t0 + 2000; renewed, it holds until t0 + 3500.
+    assert!(!twin.decide(&acquire(3), clock.to(t0 + 2_500), &ctx).await[0].allowed);
+    assert!(
+        !twin.renew(&k, 3, 2_000, clock.now()).await,
+        "never admitted"
+    );
+    if clock.now() < t0 + 3_400 {
+        let ttl: i64 = server.cli(&["pttl", &twin.scoped(&k)]).parse().unwrap();
+        assert!(
+            ttl > 1_000,
+            "the key lives as long as its renewed lease: {ttl}"
+        );
+    }
+    // Past its renewed expiry the lease is gone, and renewing does not bring it back.
+    let late = clock.to(t0 + 3_600);
+    assert!(!twin.renew(&k, 1, 2_000, late).await, "expired");
+    assert!(twin.decide(&acquire(5), clock.now(), &ctx).await[0].allowed);
+    twin.release(&k, 5).await;
+    assert!(!twin.renew(&k, 5, 2_000, clock.now()).await, "released");
+    assert!(twin.decide(&acquire(7), clock.now(), &ctx).await[0].allowed);
 }
 
 /// SCRIPT FLUSH mid-sequence (as after a Redis restart): the next call reloads and retries.

@@ -394,6 +394,25 @@ pub fn release(state: &mut State, id: u64) {
     }
 }
 
+/// concurrency: lease `id`, if still held at `now`, expires `lease_ms` from `now` instead.
+/// A released or expired lease is not brought back: its slot may already be another's.
+/// Returns whether the lease was held.
+pub fn renew(state: &mut State, id: u64, now: u64, lease_ms: u64) -> bool {
+    let State::Leases(leases) = state else {
+        return false;
+    };
+    match leases
+        .iter_mut()
+        .find(|(lease, exp)| *lease == id && *exp > now)
+    {
+        Some((_, exp)) => {
+            *exp = (*exp).max(now + lease_ms);
+            true
+        }
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -626,6 +645,27 @@ mod tests {
         assert!(
             acquire(&r, Some(&s), T0 + 60_000, 4, 1).0.allowed,
             "leases expire"
+        );
+    }
+
+    #[test]
+    fn concurrency_renewal_extends_only_live_leases() {
+        let r = rule(Algorithm::Concurrency, 1, 1_000, 1);
+        let (_, mut s) = acquire(&r, None, T0, 1, 1);
+        assert!(renew(&mut s, 1, T0 + 50_000, 60_000));
+        assert!(
+            !acquire(&r, Some(&s), T0 + 100_000, 2, 1).0.allowed,
+            "a renewed lease holds its slot past its first expiry"
+        );
+        assert!(!renew(&mut s, 2, T0 + 50_000, 60_000), "never held");
+        assert!(
+            !renew(&mut s, 1, T0 + 110_000, 60_000),
+            "expired: not revived"
+        );
+        release(&mut s, 1);
+        assert!(
+            !renew(&mut s, 1, T0 + 50_000, 60_000),
+            "released: not revived"
         );
     }
 

@@ -56,6 +56,17 @@ pub trait Backend: Send + Sync {
     /// concurrency: frees the slot held by `lease` under `key`.
     async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError>;
 
+    /// concurrency: `lease` under `key`, if still held, now expires `lease_ms` after
+    /// `now_ms` (a backend with its own clock may ignore it). A released or expired lease
+    /// is not brought back. Returns whether the lease was held.
+    async fn renew(
+        &self,
+        key: &str,
+        lease: u64,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<bool, BackendError>;
+
     /// Whether the backend answers now (for `/readyz` and the circuit breaker's probe).
     async fn ping(&self) -> bool;
 }

@@ -126,6 +126,18 @@ impl MemoryBackend {
             algorithm::release(&mut entry.state, lease);
         }
     }
+
+    pub fn renew_now(&self, key: &str, lease: u64, lease_ms: u64, now: u64) -> bool {
+        let mut shard = self.shards[Self::shard_of(key)].lock();
+        let Some(entry) = shard.map.get_mut(key).filter(|e| e.expires > now) else {
+            return false;
+        };
+        let held = algorithm::renew(&mut entry.state, lease, now, lease_ms);
+        if held {
+            entry.expires = entry.expires.max(now + lease_ms);
+        }
+        held
+    }
 }
 
 impl Shard {
@@ -187,6 +199,16 @@ impl Backend for MemoryBackend {
     async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError> {
         self.release_now(key, lease);
         Ok(())
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        lease: u64,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<bool, BackendError> {
+        Ok(self.renew_now(key, lease, lease_ms, now_ms))
     }
 
     async fn ping(&self) -> bool {
@@ -269,5 +291,17 @@ mod tests {
         assert!(!m.decide_now(std::slice::from_ref(&c), 5_000)[0].allowed);
         m.release_now("a", 7);
         assert!(m.decide_now(&[c], 5_000)[0].allowed);
+    }
+
+    #[test]
+    fn a_renewed_lease_outlives_its_first_expiry() {
+        let m = MemoryBackend::new(1000);
+        let mut c = check("a", Algorithm::Concurrency, 1, true);
+        assert!(m.decide_now(std::slice::from_ref(&c), 5_000)[0].allowed);
+        assert!(m.renew_now("a", 7, 60_000, 50_000));
+        c.lease = 8;
+        assert!(!m.decide_now(std::slice::from_ref(&c), 100_000)[0].allowed);
+        assert!(!m.renew_now("a", 7, 60_000, 110_000), "expired");
+        assert!(m.decide_now(&[c], 110_000)[0].allowed);
     }
 }

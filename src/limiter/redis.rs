@@ -216,6 +216,32 @@ impl Store {
         result.map(|_| ()).map_err(|e| backend_error(&e))
     }
 
+    async fn renew(
+        self,
+        key: String,
+        lease: u64,
+        lease_ms: u64,
+        now: Option<u64>,
+    ) -> Result<bool, BackendError> {
+        let renew = scripts::renew_invocation(&key, lease, lease_ms, now);
+        let result: Result<Vec<i64>, RedisError> = match self {
+            Store::Single(mut m) => renew.invoke_async(&mut m).await,
+            Store::Cluster(mut c) => renew.invoke_async(&mut c).await,
+            Store::Sentinel(s) => {
+                let result = renew.invoke_async(&mut s.current()?).await;
+                s.check(&result);
+                result
+            }
+        };
+        match result.map_err(|e| backend_error(&e))?[..] {
+            [_, held] => Ok(held == 1),
+            ref other => Err(BackendError::Script(format!(
+                "renew: expected 2 integers, got {}",
+                other.len()
+            ))),
+        }
+    }
+
     async fn ping(self) -> bool {
         let ping = redis::cmd("PING");
         match self {
@@ -250,6 +276,17 @@ impl Backend for RedisBackend {
     async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError> {
         let (store, key) = (self.store.clone(), key.to_owned());
         self.run(store.release(key, lease)).await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        lease: u64,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<bool, BackendError> {
+        let (store, key, now) = (self.store.clone(), key.to_owned(), self.script_now(now_ms));
+        self.run(store.renew(key, lease, lease_ms, now)).await
     }
 
     async fn ping(&self) -> bool {

@@ -169,6 +169,24 @@ pub(crate) fn release_invocation(key: &str, lease: u64) -> ScriptInvocation<'sta
     call
 }
 
+/// Makes concurrency lease `lease` under `key`, if still live, expire `lease_ms` after now
+/// (`now` as for `invocation`). The reply is `{now, 1}` if the lease was live, else
+/// `{now, 0}`.
+pub(crate) fn renew_invocation(
+    key: &str,
+    lease: u64,
+    lease_ms: u64,
+    now: Option<u64>,
+) -> ScriptInvocation<'static> {
+    let mut call = script(bit(Algorithm::Concurrency)).prepare_invoke();
+    call.key(key)
+        .arg("renew")
+        .arg(now.map(|n| n.to_string()).unwrap_or_default())
+        .arg(lease)
+        .arg(lease_ms);
+    call
+}
+
 /// Reads the reply of a `mode` call (`Decide` or `Peek`) for checks with these enforce
 /// flags, in the order they were passed.
 pub(crate) fn decode(reply: &[i64], mode: Mode, enforce: &[bool]) -> Result<Reply, BackendError> {

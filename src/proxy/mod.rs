@@ -388,10 +388,20 @@ impl ProxyHttp for Proxy {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        // An accepted upgrade (WebSocket): bytes now flow both ways until either side
+        // closes. A client that only listens is not stalled, so `body_timeout` no longer
+        // bounds its reads; the upstream's `read_timeout` still closes a session on which
+        // the upstream sends nothing (nginx's proxy_read_timeout rule). The request keeps
+        // its policies' decision and its concurrency leases, renewed, until it ends.
+        if resp.status == http::StatusCode::SWITCHING_PROTOCOLS
+            && session.is_upgrade(resp) == Some(true)
+        {
+            session.set_read_timeout(None);
+        }
         for (name, value) in &ctx.rate_headers {
             resp.insert_header(*name, value.as_str())?;
         }
