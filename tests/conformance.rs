@@ -108,6 +108,7 @@ fn check(key: &str, rule: Rule, cost: u64, enforce: bool, lease: u64) -> Check {
         cost,
         enforce,
         lease,
+        ban_ms: 0,
     }
 }
 
