@@ -91,7 +91,10 @@ impl MemoryBackend {
             .all(|(c, (v, _))| v.allowed || !c.enforce);
         if commit {
             for (check, (verdict, state)) in checks.iter().zip(outcomes.iter_mut()) {
-                if verdict.allowed {
+                // Cost 0 only observes: its state is unchanged, and storing it again would
+                // move its expiry to the numbers of this call (an override's), which the
+                // Lua scripts never do.
+                if verdict.allowed && check.cost > 0 {
                     let state = std::mem::replace(state, State::Leases(Vec::new()));
                     let expires = algorithm::expires_at(&check.rule, &state);
                     let per_shard = self.per_shard;
