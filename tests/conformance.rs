@@ -1021,7 +1021,10 @@ async fn bans_match() {
                 assert!(!v[0].allowed && v[0].retry_after_ms <= 1_200, "{v:?}");
             }
         }
-        assert!(banned > 10, "{algorithm:?}: too few banned calls ({banned}) to judge");
+        assert!(
+            banned > 10,
+            "{algorithm:?}: too few banned calls ({banned}) to judge"
+        );
     }
     // Batches: banning enforce checks beside shadow checks and plain ones.
     let pool: Vec<(String, Rule, bool, u64)> = Algorithm::ALL
@@ -1074,7 +1077,12 @@ async fn ban_keys_expire_with_the_ban() {
     let verdicts: Vec<Verdict> = {
         let mut out = Vec::new();
         for _ in 0..3 {
-            out.push(backend.decide(std::slice::from_ref(&c), 0).await.expect("decide")[0]);
+            out.push(
+                backend
+                    .decide(std::slice::from_ref(&c), 0)
+                    .await
+                    .expect("decide")[0],
+            );
         }
         out
     };
@@ -1094,7 +1102,10 @@ async fn ban_keys_expire_with_the_ban() {
         .expect("EXISTS");
     assert_eq!(left, 0, "the ban key outlived its ban");
     // The ban is over; the gcra state (a minute) still denies, but as the algorithm.
-    let v = backend.decide(std::slice::from_ref(&c), 0).await.expect("decide")[0];
+    let v = backend
+        .decide(std::slice::from_ref(&c), 0)
+        .await
+        .expect("decide")[0];
     assert!(!v.allowed && !v.banned, "{v:?}");
 }
 
@@ -1118,14 +1129,22 @@ async fn cluster_bans_across_slots_match() {
     );
     let checks = [
         banning(check(&a, r, 1, true, 0), 1_500),
-        check(&b, rule(Algorithm::FixedWindow, 100, 1_000, 100), 1, true, 0),
+        check(
+            &b,
+            rule(Algorithm::FixedWindow, 100, 1_000, 100),
+            1,
+            true,
+            0,
+        ),
     ];
     let mut clock = TestClock::new();
     let mut banned = 0;
     for step in 0..40u64 {
         let now = clock.to(clock.sim + 100);
         let v = twin
-            .decide(&checks, now, &|| format!("cluster ban step {step} now {now}"))
+            .decide(&checks, now, &|| {
+                format!("cluster ban step {step} now {now}")
+            })
             .await;
         banned += usize::from(v[0].banned);
     }

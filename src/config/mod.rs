@@ -473,7 +473,13 @@ policies = ["plain", "written"]
         let config = parse("t.toml", text).expect("valid config");
         let plain = &config.policies[0];
         assert_eq!(plain.ban, Duration::from_secs(30));
-        let n = |o: &Override| (o.numbers.limit.get(), o.numbers.period, o.numbers.burst.get());
+        let n = |o: &Override| {
+            (
+                o.numbers.limit.get(),
+                o.numbers.period,
+                o.numbers.burst.get(),
+            )
+        };
         // No burst written anywhere: the override's limit is its burst, as for a policy.
         assert_eq!(n(&plain.overrides[0]), (10, Duration::from_secs(60), 10));
         assert_eq!(n(&plain.overrides[1]), (3, Duration::from_secs(1), 7));
@@ -491,7 +497,10 @@ policies = ["plain", "written"]
             ]
         );
         // The policy's written burst is inherited.
-        assert_eq!(n(&config.policies[1].overrides[0]), (100, Duration::from_secs(60), 5));
+        assert_eq!(
+            n(&config.policies[1].overrides[0]),
+            (100, Duration::from_secs(60), 5)
+        );
         assert_eq!(config.policies[1].ban, Duration::ZERO);
     }
 

@@ -136,7 +136,11 @@ mod tests {
     fn a_denial_answers_only_its_numbers_and_a_ban_all() {
         let c = DenyCache::new(100);
         c.insert("k", 1_500, &rule(3));
-        assert_eq!(c.get("k", 1_000, &rule(10)), None, "other numbers ask the backend");
+        assert_eq!(
+            c.get("k", 1_000, &rule(10)),
+            None,
+            "other numbers ask the backend"
+        );
         assert!(c.get("k", 1_000, &rule(3)).is_some());
         c.insert_ban("k", 9_000);
         assert_eq!(

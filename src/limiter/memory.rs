@@ -310,7 +310,10 @@ mod tests {
         c.ban_ms = 5_000;
         assert!(m.decide_now(std::slice::from_ref(&c), 1_000)[0].allowed);
         let v = m.decide_now(std::slice::from_ref(&c), 1_500)[0];
-        assert!(!v.allowed && !v.banned && v.retry_after_ms == 5_000, "{v:?}");
+        assert!(
+            !v.allowed && !v.banned && v.retry_after_ms == 5_000,
+            "{v:?}"
+        );
         // The window turned, but the ban holds until 6_500.
         let v = m.decide_now(std::slice::from_ref(&c), 2_000)[0];
         assert!(v.banned && v.retry_after_ms == 4_500, "{v:?}");

@@ -279,7 +279,10 @@ impl Limiter {
             let enforce = policy.mode == Mode::Enforce;
             let rule = rule_of(policy, self.numbers_for(policy, &key, req));
             if enforce && policy.algorithm != Algorithm::Concurrency {
-                if let Some(hit) = self.deny_cache.as_ref().and_then(|c| c.get(&key, now, &rule))
+                if let Some(hit) = self
+                    .deny_cache
+                    .as_ref()
+                    .and_then(|c| c.get(&key, now, &rule))
                 {
                     let retry_after_ms = hit.retry_after_ms;
                     self.metrics

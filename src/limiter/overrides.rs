@@ -96,20 +96,38 @@ mod tests {
         let header = |v: &[&str]| cond(KeyPart::Header("x-plan".into()), exact(v));
         assert!(holds(&header(&["gold"]), &req));
         assert!(holds(&header(&["silver", "gold"]), &req));
-        assert!(!holds(&header(&["Gold"]), &req), "header values are case-sensitive");
+        assert!(
+            !holds(&header(&["Gold"]), &req),
+            "header values are case-sensitive"
+        );
         let absent = cond(KeyPart::Header("x-other".into()), exact(&[""]));
         assert!(!holds(&absent, &req), "an absent part never matches");
-        let host = cond(KeyPart::Host, Values::Caseless(vec!["api.example.com".into()]));
+        let host = cond(
+            KeyPart::Host,
+            Values::Caseless(vec!["api.example.com".into()]),
+        );
         assert!(holds(&host, &req));
         let method = cond(KeyPart::Method, Values::Caseless(vec!["get".into()]));
         assert!(holds(&method, &req));
-        assert!(holds(&cond(KeyPart::Query("plan".into()), exact(&["gold"])), &req));
+        assert!(holds(
+            &cond(KeyPart::Query("plan".into()), exact(&["gold"])),
+            &req
+        ));
         assert!(holds(&cond(KeyPart::ClientIp, nets(&["10.0.0.0/8"])), &req));
-        assert!(!holds(&cond(KeyPart::ClientIp, nets(&["10.2.0.0/16"])), &req));
+        assert!(!holds(
+            &cond(KeyPart::ClientIp, nets(&["10.2.0.0/16"])),
+            &req
+        ));
         assert!(!holds(&cond(KeyPart::ClientIp, nets(&["::/0"])), &req));
-        assert!(holds(&cond(KeyPart::ClientNet(24), nets(&["10.1.0.0/16"])), &req));
+        assert!(holds(
+            &cond(KeyPart::ClientNet(24), nets(&["10.1.0.0/16"])),
+            &req
+        ));
         // The client's /16 is wider than a /24: not inside it.
-        assert!(!holds(&cond(KeyPart::ClientNet(16), nets(&["10.1.2.0/24"])), &req));
+        assert!(!holds(
+            &cond(KeyPart::ClientNet(16), nets(&["10.1.2.0/24"])),
+            &req
+        ));
         assert!(!holds(&cond(KeyPart::ClientCert, exact(&["ab"])), &req));
     }
 }

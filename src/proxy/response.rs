@@ -38,10 +38,11 @@ pub fn rate_limit_headers(
         .filter(|o| o.decision != Decision::ShadowRejected)
         .filter_map(|o| {
             let p = &policies[o.policy];
-            let (limit, period_ms) = o.rule.map_or(
-                (p.limit.get(), p.period.as_millis() as u64),
-                |r| (r.limit, r.period_ms),
-            );
+            let (limit, period_ms) = o
+                .rule
+                .map_or((p.limit.get(), p.period.as_millis() as u64), |r| {
+                    (r.limit, r.period_ms)
+                });
             Some((p, o.verdict?, limit, period_ms))
         })
         .filter(|(p, ..)| p.mode == crate::config::Mode::Enforce)
