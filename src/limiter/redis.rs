@@ -379,7 +379,8 @@ async fn ban_denied(
     for (group, peek) in groups.iter().zip(peeks) {
         for &i in group {
             let (check, verdict) = (&checks[i], &mut verdicts[i]);
-            if !(check.enforce && check.ban_ms > 0 && !verdict.allowed && !verdict.banned) {
+            let newly_denied = check.enforce && !verdict.allowed && !verdict.banned;
+            if !newly_denied || check.ban_ms == 0 {
                 continue;
             }
             let set = redis::cmd("SET")
