@@ -1,13 +1,16 @@
 -- decide.lua: the entry point. Decides every check of one request in one atomic call,
 -- all or nothing, using the algorithm files concatenated ahead of it.
 --
--- KEYS:   one key per check, `<key_prefix>{<hash>}:<policy>:<algorithm>`.
+-- KEYS:   one key per check, `<key_prefix>{<hash>}:<policy>:<algorithm>`; then, for each
+--         check flagged "2" (below), in order, its ban key (`<its key>:ban`).
 -- ARGV[1] mode:
 --           "decide" then one character per check, "1" if it is enforced, "0" if it is a
---                     shadow ("decide1", "decide10", ...): evaluate every check (reading
---                     only); then, when every enforced check allows, charge every check
---                     that allowed, else charge none
---           "peek"    evaluate only, charge nothing
+--                     shadow, "2" if it is enforced and bans ("decide1", "decide10", ...):
+--                     evaluate every check (reading only); then, when every enforced check
+--                     allows, charge every check that allowed, else charge none and ban
+--                     the key of every "2" check its algorithm denied
+--           "peek"    evaluate only, charge nothing; "peek" then one character per check
+--                     as for "decide" reads bans too (and sets none)
 --           "refund"  take back one charge of every check, made at time ARGV[3]
 --           "release" concurrency: free lease ARGV[2 + i] under KEYS[i]
 --           "renew"   concurrency: lease ARGV[1 + 2i] under KEYS[i], if still live, now
@@ -17,13 +20,21 @@
 --         burst, max_delay_ms ("" when requests over the limit are rejected), cost;
 --         concurrency puts lease_ms in the place of burst and in that of max_delay the
 --         lease id the request takes if admitted ("0": none).
--- Returns "decide"/"peek": {now, then per check: allowed (1/0), remaining, reset_ms,
---         delay_ms (allowed: the wait before it passes; denied: the retry-after)};
+--         Then, for each check flagged "2", in order, its ban in ms.
+-- Returns "decide"/"peek": {now, then per check: allowed (1/0, or 2: denied by a standing
+--         ban), remaining, reset_ms, delay_ms (allowed: the wait before it passes; denied:
+--         the retry-after)};
 --         "refund"/"release": {now}; "renew": {now, then per key 1 if the lease was
 --         live (and is renewed), else 0}. Whether a decide charged follows from the verdicts.
 --
 -- A check of cost 0 only observes: it is decided (always allowed, see the algorithm
 -- files) but never charged, so never refunded either.
+--
+-- Bans: a "2" check whose ban key holds a time after now is denied (2, remaining 0,
+-- reset_ms and delay_ms = the ban's rest) without running its algorithm. When its algorithm
+-- denies it in a decide, its ban key is set to now + ban with TTL ban, and its delay_ms
+-- becomes at least ban. The ban key holds its end time, not just a TTL, so the decision
+-- follows the script's clock (TIME or the caller's) as state does.
 --
 -- Reading TIME before writing needs script effects replication, the default since Redis
 -- 5 (the oldest sluice supports), so the script does not call redis.replicate_commands().
@@ -91,12 +102,20 @@ if mode == 'renew' then
   return reply
 end
 
+-- Checks that ban bring one key and one argument more each ("2" appears in no mode name).
+local bans = 0
+if string.find(mode, '2', 5, true) then
+  local _, n = string.gsub(mode, '2', '')
+  bans = n
+  checks = checks - bans
+end
+
 -- The fields of check i follow ARGV[first + FIELDS·(i − 1)].
 local first = 2
 if mode == 'refund' then first = 3 end
-if #argv ~= first + FIELDS * checks then
-  return redis.error_reply('sluice: ' .. checks .. ' keys need ' ..
-    (first + FIELDS * checks) .. ' arguments, got ' .. #argv)
+if #argv ~= first + FIELDS * checks + bans then
+  return redis.error_reply('sluice: ' .. checks .. ' checks need ' ..
+    (first + FIELDS * checks + bans) .. ' arguments, got ' .. #argv)
 end
 local runs, costs = {}, {}
 for i = 1, checks do
@@ -117,22 +136,53 @@ if mode == 'refund' then
   return {now}
 end
 
-local charge = #mode == 6 + checks and string.find(mode, '^decide[01]*$') ~= nil
-if not charge and mode ~= 'peek' then
+local charge = #mode == 6 + checks and string.find(mode, '^decide[012]*$') ~= nil
+local peek = mode == 'peek' or (#mode == 4 + checks and string.find(mode, '^peek[012]*$') ~= nil)
+if not charge and not peek then
   return redis.error_reply('sluice: unknown mode ' .. mode)
 end
--- Byte 49 is "1": enforced.
-local enforced = {string.byte(mode, 7, -1)}
+-- Byte 49 is "1": enforced; byte 50 is "2": enforced, and bans.
+local enforced = {string.byte(mode, peek and 5 or 7, -1)}
 
 -- Evaluate all, keeping what each would store, then charge all or none.
-local reply, states = {now}, {}
+local reply, states, banned = {now}, {}, 0
 for i = 1, checks do
   local at, r, s = first + FIELDS * (i - 1), 4 * i - 2, 3 * i - 2
-  local allowed
-  allowed, reply[r + 1], reply[r + 2], reply[r + 3], states[s], states[s + 1], states[s + 2] =
-    runs[i](KEYS[i], at, now, 'peek', costs[i])
-  reply[r] = allowed and 1 or 0
-  if not allowed and enforced[i] == 49 then charge = false end
+  local flag, ban_until = enforced[i], nil
+  if flag == 50 then
+    banned = banned + 1
+    ban_until = redis.call('GET', KEYS[checks + banned])
+    if ban_until then
+      ban_until = ban_until + 0
+      if ban_until <= now then ban_until = nil end
+    end
+  end
+  if ban_until then
+    reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 2, 0, ban_until - now, ban_until - now
+    charge = false
+  else
+    local allowed
+    allowed, reply[r + 1], reply[r + 2], reply[r + 3], states[s], states[s + 1], states[s + 2] =
+      runs[i](KEYS[i], at, now, 'peek', costs[i])
+    reply[r] = allowed and 1 or 0
+    if not allowed and (flag == 49 or flag == 50) then charge = false end
+  end
+end
+if not charge and not peek and bans > 0 then
+  -- Ban every banning key its algorithm denied now.
+  local b = 0
+  for i = 1, checks do
+    if enforced[i] == 50 then
+      b = b + 1
+      local r = 4 * i - 2
+      if reply[r] == 0 then
+        local ban = argv[first + FIELDS * checks + b] + 0
+        redis.call('SET', KEYS[checks + b], string.format('%d', now + ban),
+          'PX', string.format('%d', ban))
+        if reply[r + 3] < ban then reply[r + 3] = ban end
+      end
+    end
+  end
 end
 if charge then
   for i = 1, checks do

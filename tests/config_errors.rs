@@ -39,6 +39,23 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "bad_overrides.toml",
+        &[
+            "9:7: `ban`: bad duration \"soon\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\", \"1m\")",
+            "11:51: `when`: bad CIDR \"10.0.0.0/33\" (expected e.g. \"10.0.0.0/8\" or \"2001:db8::/32\")",
+            "11:67: `when`: unknown key part \"cookies:x\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route or client_cert)",
+            "15:1: `cost` 2 can never be admitted: it exceeds this override's `burst` (1)",
+            "17:21: `when`: \"method\" needs at least one value",
+            "18:9: `limit` must be at least 1, found 0",
+            "19:1: an override needs at least one of `limit`, `period` and `burst`",
+            "23:1: `limit` times `period` in ms must stay below 2^53",
+            "24:1: `burst` times `period` in ms must stay below 2^53",
+            "25:1: unknown key `plan` in [[policies.p.overrides]]",
+            "26:1: missing required key `when` in [[policies.p.overrides]]",
+            "34:1: a concurrency policy has no `period` to override",
+        ],
+    ),
+    (
         "bad_listen.toml",
         &[
             "2:11: `listen`: bad address \"localhost\" (expected IP:PORT, e.g. \"127.0.0.1:8080\")",

@@ -108,6 +108,7 @@ fn check(key: &str, rule: Rule, cost: u64, enforce: bool, lease: u64) -> Check {
         cost,
         enforce,
         lease,
+        ban_ms: 0,
     }
 }
 
@@ -950,4 +951,259 @@ async fn cluster_batches_across_slots_match_and_refund() {
             "{algorithm:?}: charges left behind after the race"
         );
     }
+}
+
+fn banning(mut c: Check, ban_ms: u64) -> Check {
+    c.ban_ms = ban_ms;
+    c
+}
+
+/// Overrides change a check's numbers, never its key: one key decided with numbers that
+/// change from call to call (tiers, a limit raised or lowered mid-window, delay mode on
+/// and off) gives the same verdicts on both backends.
+#[tokio::test]
+async fn changing_numbers_on_one_key_match() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut rng = Rng(0x0e11);
+    for algorithm in Algorithm::ALL {
+        let mut tiers = vec![
+            rule(algorithm, 3, 1_000, 3),
+            rule(algorithm, 10, 1_000, 20),
+            rule(algorithm, 20, 1_000, 20),
+            rule(algorithm, 5, 1_000, 2),
+        ];
+        // One period for all tiers: a state stored under a shorter period expires earlier
+        // (its TTL), and Redis expires keys by the wall clock, which the manual clock runs
+        // ahead of; both backends expire it at the same real moment, but this test's clock
+        // cannot show that.
+        if matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+            tiers.push(delayed(rule(algorithm, 4, 1_000, 2), 500));
+        }
+        // A token bucket's state expires when it is full again, which depends on limit and
+        // burst: the same manual-clock limit as above; only delay mode changes here.
+        if algorithm == Algorithm::TokenBucket {
+            tiers = vec![
+                rule(algorithm, 3, 1_000, 3),
+                delayed(rule(algorithm, 3, 1_000, 3), 500),
+            ];
+        }
+        for t in &mut tiers {
+            t.lease_ms = 500;
+        }
+        let k = key("tiers", "p", &tiers[0]);
+        let mut clock = TestClock::new();
+        let mut held: Vec<u64> = Vec::new();
+        for step in 0..400u64 {
+            let r = tiers[rng.below(tiers.len() as u64) as usize];
+            let now = clock.to(step_time(&mut rng, clock.sim, 1_000).min(clock.sim + 3_000));
+            if algorithm == Algorithm::Concurrency && !held.is_empty() && rng.below(3) == 0 {
+                let lease = held.swap_remove(rng.below(held.len() as u64) as usize);
+                twin.release(&k, lease).await;
+                continue;
+            }
+            let cost = step_cost(&mut rng, 3).min(4);
+            let c = check(&k, r, cost, true, step + 1);
+            let v = twin
+                .decide(std::slice::from_ref(&c), now, &|| {
+                    format!("{r:?} step {step} now {now} cost {cost}")
+                })
+                .await;
+            if algorithm == Algorithm::Concurrency && v[0].allowed {
+                held.push(step + 1);
+            }
+        }
+    }
+}
+
+/// A raised limit acts at once on the count so far: the same state, more room.
+#[tokio::test]
+async fn a_raised_limit_admits_exactly_the_difference_at_once() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut clock = TestClock::new();
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+    ] {
+        let (low, high) = (
+            rule(algorithm, 3, 3_600_000, 3),
+            rule(algorithm, 5, 3_600_000, 5),
+        );
+        let k = key("raise", "p", &low);
+        let now = clock.now();
+        let mut passed = Vec::new();
+        for (r, n) in [(low, 5), (high, 5), (low, 1)] {
+            let mut admitted = 0;
+            for i in 0..n {
+                let c = check(&k, r, 1, true, 0);
+                let ctx = || format!("{r:?} request {i}");
+                if twin.decide(&[c], now, &ctx).await[0].allowed {
+                    admitted += 1;
+                }
+            }
+            passed.push(admitted);
+        }
+        // 3 with the low limit, exactly the difference when raised, none when lowered.
+        assert_eq!(passed, [3, 2, 0], "{algorithm:?}");
+    }
+}
+
+/// Bans: a key its policy rejects is rejected for `ban` without asking the algorithm (the
+/// window may turn meanwhile), with the ban's rest as retry-after, then passes again; on
+/// both backends alike, alone or in batches with shadow checks (which ban nobody).
+#[tokio::test]
+async fn bans_match() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut rng = Rng(0xba4);
+    for algorithm in Algorithm::ALL {
+        let mut r = rule(algorithm, 3, 500, 3);
+        r.lease_ms = 400;
+        let k = key("ban", "p", &r);
+        let mut clock = TestClock::new();
+        let mut banned = 0;
+        for step in 0..250u64 {
+            let now = clock.to(step_time(&mut rng, clock.sim, 500).min(clock.sim + 3_000));
+            let cost = step_cost(&mut rng, 3);
+            let c = banning(check(&k, r, cost, true, step + 1), 1_200);
+            let v = twin
+                .decide(std::slice::from_ref(&c), now, &|| {
+                    format!("{r:?} step {step} now {now} cost {cost}")
+                })
+                .await;
+            if v[0].banned {
+                banned += 1;
+                assert!(!v[0].allowed && v[0].retry_after_ms <= 1_200, "{v:?}");
+            }
+        }
+        assert!(
+            banned > 10,
+            "{algorithm:?}: too few banned calls ({banned}) to judge"
+        );
+    }
+    // Batches: banning enforce checks beside shadow checks and plain ones.
+    let pool: Vec<(String, Rule, bool, u64)> = Algorithm::ALL
+        .into_iter()
+        .filter(|a| *a != Algorithm::Concurrency)
+        .enumerate()
+        .flat_map(|(i, a)| {
+            let r = rule(a, 2, 1_000, 2);
+            [
+                (key(&format!("bb{i}"), "banning", &r), r, true, 2_000),
+                (key(&format!("bb{i}"), "shadow", &r), r, false, 0),
+                (key(&format!("bb{i}"), "plain", &r), r, true, 0),
+            ]
+        })
+        .collect();
+    let mut clock = TestClock::new();
+    for step in 0..400u64 {
+        let now = clock.to(step_time(&mut rng, clock.sim, 1_000).min(clock.sim + 2_000));
+        let mut chosen: Vec<usize> = Vec::new();
+        while chosen.len() < 1 + rng.below(3) as usize {
+            let i = rng.below(pool.len() as u64) as usize;
+            if !chosen.contains(&i) {
+                chosen.push(i);
+            }
+        }
+        let checks: Vec<Check> = chosen
+            .iter()
+            .map(|&i| {
+                let (k, r, enforce, ban) = &pool[i];
+                banning(check(k, *r, 1, *enforce, 0), *ban)
+            })
+            .collect();
+        let verdicts = twin
+            .decide(&checks, now, &|| format!("ban batch {step} now {now}"))
+            .await;
+        for (c, v) in checks.iter().zip(&verdicts) {
+            assert!(c.ban_ms > 0 || !v.banned, "banned without a ban: {c:?}");
+        }
+    }
+}
+
+/// Ban keys expire with their ban: a TTL of exactly `ban`, none left after it.
+#[tokio::test]
+async fn ban_keys_expire_with_the_ban() {
+    let server = RedisServer::start();
+    let backend = connect(config::Backend::Redis(server.url()), ClockSource::Redis).await;
+    let r = rule(Algorithm::Gcra, 1, 60_000, 1);
+    let k = key("banttl", "p", &r);
+    let c = banning(check(&k, r, 1, true, 0), 700);
+    let verdicts: Vec<Verdict> = {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            out.push(
+                backend
+                    .decide(std::slice::from_ref(&c), 0)
+                    .await
+                    .expect("decide")[0],
+            );
+        }
+        out
+    };
+    assert!(verdicts[0].allowed);
+    assert!(!verdicts[1].allowed && !verdicts[1].banned);
+    assert!(verdicts[2].banned, "{verdicts:?}");
+    let mut con = server.connection();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("{k}:ban"))
+        .query(&mut con)
+        .expect("PTTL");
+    assert!(ttl > 0 && ttl <= 700, "ban key PTTL {ttl}");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let left: i64 = redis::cmd("EXISTS")
+        .arg(format!("{k}:ban"))
+        .query(&mut con)
+        .expect("EXISTS");
+    assert_eq!(left, 0, "the ban key outlived its ban");
+    // The ban is over; the gcra state (a minute) still denies, but as the algorithm.
+    let v = backend
+        .decide(std::slice::from_ref(&c), 0)
+        .await
+        .expect("decide")[0];
+    assert!(!v.allowed && !v.banned, "{v:?}");
+}
+
+/// Across cluster slots a denial is found by a peek: the ban is set all the same, and
+/// both backends agree call by call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_bans_across_slots_match() {
+    let cluster = RedisCluster::start();
+    let twin = Twin::new(
+        connect(
+            config::Backend::Cluster(cluster.seeds()),
+            ClockSource::Local,
+        )
+        .await,
+    );
+    let r = rule(Algorithm::FixedWindow, 2, 1_000, 2);
+    let (a, b) = (key("alpha", "ban", &r), key("beta", "plain", &r));
+    assert_ne!(
+        cluster.cli(&["cluster", "keyslot", &a]),
+        cluster.cli(&["cluster", "keyslot", &b])
+    );
+    let checks = [
+        banning(check(&a, r, 1, true, 0), 1_500),
+        check(
+            &b,
+            rule(Algorithm::FixedWindow, 100, 1_000, 100),
+            1,
+            true,
+            0,
+        ),
+    ];
+    let mut clock = TestClock::new();
+    let mut banned = 0;
+    for step in 0..40u64 {
+        let now = clock.to(clock.sim + 100);
+        let v = twin
+            .decide(&checks, now, &|| {
+                format!("cluster ban step {step} now {now}")
+            })
+            .await;
+        banned += usize::from(v[0].banned);
+    }
+    assert!(banned > 5, "the ban never held across slots ({banned})");
 }

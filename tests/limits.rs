@@ -487,3 +487,139 @@ fn concurrency_slots_are_released_when_the_upstream_fails() {
         4.0
     );
 }
+
+/// One policy, three plans: anonymous, gold and partner clients get 3, 10 and 20 requests,
+/// each shown its own `q`; the override changes the numbers, not the key.
+#[test]
+fn overrides_give_each_plan_its_numbers() {
+    let s = Sluice::start(&config(
+        "",
+        "",
+        &common::plans_policy(""),
+        &[("a", "\"plans\"")],
+    ));
+    let anon = common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-anon")], 3, 30);
+    let gold = common::admitted_until_rejected(
+        &s,
+        "/a",
+        &[("x-api-key", "k-gold"), ("x-plan", "gold")],
+        10,
+        30,
+    );
+    let partner =
+        common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-partner-2")], 20, 30);
+    assert_eq!((anon, gold, partner), (3, 10, 20));
+    // The same key without the plan header counts in the same state: over 3 already.
+    let r = s.get_with("/a", &[("x-api-key", "k-gold")]);
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("ratelimit-policy"), Some("\"plans\";q=3;w=3600"));
+    // Legacy headers show the applied limit too.
+    let legacy = Sluice::start(&config(
+        "",
+        "headers = \"legacy\"",
+        &common::plans_policy(""),
+        &[("a", "\"plans\"")],
+    ));
+    let r = legacy.get_with("/a", &[("x-api-key", "k-partner-1")]);
+    assert_eq!(r.header("x-ratelimit-limit"), Some("20"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("19"));
+}
+
+/// `client_ip` overrides match CIDRs: the test client (127.0.0.1) is inside 127.0.0.0/8
+/// and gets 4; a list that misses it leaves the policy's 2.
+#[test]
+fn a_cidr_override_matches_the_client_network() {
+    let policies = policy("inside", "gcra", 2, "1h", "\"client_ip\"", "")
+        + "[[policies.inside.overrides]]\nwhen = { \"client_ip\" = [\"10.0.0.0/8\", \"127.0.0.0/8\"] }\nlimit = 4\n"
+        + &policy("outside", "gcra", 2, "1h", "\"client_ip\"", "")
+        + "[[policies.outside.overrides]]\nwhen = { \"client_ip/24\" = \"10.0.0.0/8\" }\nlimit = 4\n";
+    let s = Sluice::start(&config(
+        "",
+        "",
+        &policies,
+        &[("in", "\"inside\""), ("out", "\"outside\"")],
+    ));
+    let statuses = |path: &str| -> Vec<u16> { (0..5).map(|_| s.get(path).status).collect() };
+    assert_eq!(statuses("/in"), [200, 200, 200, 200, 429]);
+    assert_eq!(statuses("/out"), [200, 200, 429, 429, 429]);
+    assert_eq!(
+        s.get("/in").header("ratelimit-policy"),
+        Some("\"inside\";q=4;w=3600")
+    );
+}
+
+/// `ban`: the first rejection bans the key for `ban` (the window turning does not lift
+/// it), Retry-After counts the ban down, the key then passes again; counted as `banned`.
+/// A shadow policy with a ban bans nobody.
+#[test]
+fn a_ban_holds_for_its_time_then_lifts_and_shadow_bans_nobody() {
+    let policies = policy(
+        "strict",
+        "fixed_window",
+        2,
+        "1s",
+        "\"client_ip\"",
+        "ban = \"4s\"",
+    ) + &policy(
+        "dry",
+        "fixed_window",
+        1,
+        "1s",
+        "\"client_ip\"",
+        "ban = \"1h\"\nmode = \"shadow\"",
+    );
+    let s = Sluice::start(&config(
+        "",
+        "",
+        &policies,
+        &[("a", "\"strict\""), ("d", "\"dry\"")],
+    ));
+    // Two pass (three, if a window turns between them), then the first rejection bans.
+    let mut first = s.get("/a");
+    for _ in 0..3 {
+        if first.status == 429 {
+            break;
+        }
+        first = s.get("/a");
+    }
+    let started = Instant::now();
+    assert_eq!(first.status, 429);
+    assert_eq!(first.header("retry-after"), Some("4"));
+    std::thread::sleep(Duration::from_millis(1_500));
+    // A new window, but still banned, for the rest of the ban.
+    let r = s.get("/a");
+    assert_eq!(r.status, 429);
+    let retry: u64 = r
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert!(
+        (1..=3).contains(&retry),
+        "Retry-After {retry} should count the ban down"
+    );
+    assert_eq!(
+        s.metric(r#"sluice_decisions_total{decision="banned",policy="strict",route="a"}"#),
+        1.0
+    );
+    assert_eq!(
+        s.metric(r#"sluice_decisions_total{decision="rejected",policy="strict",route="a"}"#),
+        1.0
+    );
+    let lifted = Duration::from_millis(4_100).saturating_sub(started.elapsed());
+    std::thread::sleep(lifted);
+    assert_eq!(s.get("/a").status, 200, "the ban lifted");
+    for _ in 0..4 {
+        assert_eq!(s.get("/d").status, 200);
+    }
+    std::thread::sleep(Duration::from_millis(1_100));
+    assert_eq!(s.get("/d").status, 200);
+    assert_eq!(
+        s.metric(r#"sluice_decisions_total{decision="banned",policy="dry",route="d"}"#),
+        0.0
+    );
+    assert_eq!(
+        s.metric(r#"sluice_decisions_total{decision="allowed",policy="dry",route="d"}"#),
+        2.0,
+        "the shadow policy's key was not banned: a new window admits again"
+    );
+}

@@ -590,3 +590,124 @@ fn sentinel_subscriptions_come_back_and_end_with_their_backend() {
         assert_eq!(s.get("/a").status, 200);
     }
 }
+
+/// The plans on Redis: anonymous, gold and partner clients get 3, 10 and 20 requests
+/// through one policy, each shown its `q`; every key (state and ban) has a TTL.
+#[test]
+fn overrides_give_each_plan_its_numbers_on_redis() {
+    let redis = RedisServer::start();
+    let s = Sluice::start(&config(
+        &redis_limiter(&redis, "timeout = \"1s\""),
+        "",
+        &common::plans_policy("ban = \"30s\""),
+        &[("a", "\"plans\"")],
+    ));
+    let anon = common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-anon")], 3, 30);
+    let gold = common::admitted_until_rejected(
+        &s,
+        "/a",
+        &[("x-api-key", "k-gold"), ("x-plan", "gold")],
+        10,
+        30,
+    );
+    let partner =
+        common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-partner-1")], 20, 30);
+    assert_eq!((anon, gold, partner), (3, 10, 20));
+    let keys = redis.cli(&["--scan", "--pattern", "sluice:*"]);
+    let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+    assert_eq!(
+        keys.iter().filter(|k| k.ends_with(":ban")).count(),
+        3,
+        "each plan's key was banned once: {keys:?}"
+    );
+    for key in keys {
+        let ttl: i64 = redis.cli(&["PTTL", key]).parse().unwrap_or(-3);
+        let most = if key.ends_with(":ban") {
+            30_000
+        } else {
+            3_600_000
+        };
+        assert!(ttl > 0 && ttl <= most, "{key} has PTTL {ttl}");
+    }
+}
+
+/// A ban holds across two instances sharing Redis (one rejects, the other then answers
+/// `banned` without a window's help), Retry-After counts the ban down on both, and it
+/// lifts after `ban`; the shadow policy bans nobody.
+#[test]
+fn a_ban_holds_across_the_fleet_then_lifts() {
+    let redis = RedisServer::start();
+    let policies = policy(
+        "strict",
+        "fixed_window",
+        2,
+        "1s",
+        "\"client_ip\"",
+        "ban = \"4s\"",
+    ) + &policy(
+        "dry",
+        "fixed_window",
+        1,
+        "1s",
+        "\"client_ip\"",
+        "ban = \"1h\"\nmode = \"shadow\"",
+    );
+    let template = config(
+        &redis_limiter(&redis, "timeout = \"1s\""),
+        "",
+        &policies,
+        &[("a", "\"strict\""), ("d", "\"dry\"")],
+    );
+    let (one, two) = (Sluice::start(&template), Sluice::start(&template));
+    let mut first = one.get("/a");
+    for _ in 0..3 {
+        if first.status == 429 {
+            break;
+        }
+        first = one.get("/a");
+    }
+    let started = Instant::now();
+    assert_eq!(first.status, 429);
+    assert_eq!(first.header("retry-after"), Some("4"));
+    std::thread::sleep(Duration::from_millis(1_500));
+    // Another instance, a new window: still banned, by the key in Redis.
+    let r = two.get("/a");
+    assert_eq!(r.status, 429);
+    let retry: u64 = r
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert!(
+        (1..=3).contains(&retry),
+        "Retry-After {retry} should count the ban down"
+    );
+    assert_eq!(
+        two.metric(r#"sluice_decisions_total{decision="banned",policy="strict",route="a"}"#),
+        1.0
+    );
+    let ban_keys = redis.cli(&["--scan", "--pattern", "sluice:*:ban"]);
+    for key in ban_keys.lines().filter(|k| !k.is_empty()) {
+        let ttl: i64 = redis.cli(&["PTTL", key]).parse().unwrap_or(-3);
+        assert!(ttl > 0 && ttl <= 4_000, "{key} has PTTL {ttl}");
+    }
+    std::thread::sleep(Duration::from_millis(4_100).saturating_sub(started.elapsed()));
+    assert_eq!(two.get("/a").status, 200, "the ban lifted");
+    assert_eq!(one.get("/a").status, 200, "the ban lifted everywhere");
+    for _ in 0..3 {
+        assert_eq!(one.get("/d").status, 200);
+    }
+    std::thread::sleep(Duration::from_millis(1_100));
+    assert_eq!(two.get("/d").status, 200);
+    assert_eq!(
+        two.metric(r#"sluice_decisions_total{decision="allowed",policy="dry",route="d"}"#),
+        1.0,
+        "the shadow policy's key was not banned: a new window admits again"
+    );
+    let keys = redis.cli(&["--scan", "--pattern", "sluice:*"]);
+    assert!(
+        !keys
+            .lines()
+            .any(|k| k.contains(":dry:") && k.ends_with(":ban")),
+        "a shadow policy set a ban: {keys}"
+    );
+}

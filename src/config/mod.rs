@@ -245,9 +245,57 @@ pub struct Policy {
     pub exempt: Vec<IpNet>,
     pub on_error: Option<OnError>,
     pub lease: Duration,
+    /// `[[policies.NAME.overrides]]`, in order: the first that matches a request wins.
+    pub overrides: Vec<Override>,
+    /// Once this policy rejects a key, the key is rejected for this long; zero = never.
+    pub ban: Duration,
+}
+
+/// The numbers a policy counts with: its own, an override's, or (later) a runtime
+/// override's. Backends never see where they came from (DESIGN §9.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Numbers {
+    pub limit: NonZeroU64,
+    pub period: Duration,
+    pub burst: NonZeroU64,
+}
+
+/// One `[[policies.NAME.overrides]]` entry: when every condition holds, the policy counts
+/// with `numbers` (already completed from the policy: an override that sets `limit` but
+/// not `burst` gets the policy's written `burst`, else its own `limit`, as a policy does).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    pub when: Vec<Condition>,
+    pub numbers: Numbers,
+}
+
+/// One `when` entry: a key part and the values it may take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condition {
+    pub part: KeyPart,
+    pub values: Values,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Values {
+    /// Exact, case-sensitive values (headers, query parameters, cookies, path, route, ...).
+    Exact(Vec<String>),
+    /// `host` and `method`: compared ignoring ASCII case; stored lower-case.
+    Caseless(Vec<String>),
+    /// `client_ip` and `client_ip/N`: the address (or its /N network) lies in one of these.
+    Nets(Vec<IpNet>),
 }
 
 impl Policy {
+    /// The policy's own numbers (no override).
+    pub fn numbers(&self) -> Numbers {
+        Numbers {
+            limit: self.limit,
+            period: self.period,
+            burst: self.burst,
+        }
+    }
+
     /// Whether two versions of a policy count the same way (so cached denials stay true).
     pub fn same_rule(&self, other: &Policy) -> bool {
         self.algorithm == other.algorithm
@@ -256,6 +304,8 @@ impl Policy {
             && self.burst == other.burst
             && self.key == other.key
             && self.cost == other.cost
+            && self.overrides == other.overrides
+            && self.ban == other.ban
     }
 }
 
@@ -387,6 +437,72 @@ fn line_col(text: &str, at: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overrides_are_completed_from_their_policy() {
+        let text = r#"
+[server]
+listen = ["127.0.0.1:8080"]
+[policies.plain]
+algorithm = "gcra"
+limit = 3
+period = "1m"
+key = ["client_ip"]
+ban = "30s"
+[[policies.plain.overrides]]
+when = { "header:X-Plan" = "gold", "host" = ["API.example.com"] }
+limit = 10
+[[policies.plain.overrides]]
+when = { "client_ip/24" = ["10.0.0.0/8", "2001:db8::/32"] }
+period = "1s"
+burst = 7
+[policies.written]
+algorithm = "token_bucket"
+limit = 3
+burst = 5
+period = "1m"
+key = []
+[[policies.written.overrides]]
+when = { "method" = "post" }
+limit = 100
+[[routes]]
+name = "r"
+respond = { status = 200 }
+policies = ["plain", "written"]
+"#;
+        let config = parse("t.toml", text).expect("valid config");
+        let plain = &config.policies[0];
+        assert_eq!(plain.ban, Duration::from_secs(30));
+        let n = |o: &Override| {
+            (
+                o.numbers.limit.get(),
+                o.numbers.period,
+                o.numbers.burst.get(),
+            )
+        };
+        // No burst written anywhere: the override's limit is its burst, as for a policy.
+        assert_eq!(n(&plain.overrides[0]), (10, Duration::from_secs(60), 10));
+        assert_eq!(n(&plain.overrides[1]), (3, Duration::from_secs(1), 7));
+        assert_eq!(
+            plain.overrides[0].when,
+            [
+                Condition {
+                    part: KeyPart::Header("x-plan".into()),
+                    values: Values::Exact(vec!["gold".into()]),
+                },
+                Condition {
+                    part: KeyPart::Host,
+                    values: Values::Caseless(vec!["api.example.com".into()]),
+                },
+            ]
+        );
+        // The policy's written burst is inherited.
+        assert_eq!(
+            n(&config.policies[1].overrides[0]),
+            (100, Duration::from_secs(60), 5)
+        );
+        assert_eq!(config.policies[1].ban, Duration::ZERO);
+    }
 
     #[test]
     fn line_col_counts_from_one() {

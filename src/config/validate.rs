@@ -865,7 +865,8 @@ fn upstream(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Optio
     })
 }
 
-fn key_part(p: &Problems, s: &Spanned<String>) -> Option<KeyPart> {
+/// A key part named in `field` (`key`, or `when` of an override).
+fn key_part(p: &Problems, s: &Spanned<String>, field: &str) -> Option<KeyPart> {
     let v = s.value.as_str();
     let named = |prefix: &str| {
         v.strip_prefix(prefix)
@@ -884,7 +885,7 @@ fn key_part(p: &Problems, s: &Spanned<String>) -> Option<KeyPart> {
                 match bits.parse::<u8>() {
                     Ok(n) if (1..=128).contains(&n) => Some(KeyPart::ClientNet(n)),
                     _ => {
-                        p.at(&s.span, format!("`key`: bad prefix length in \"{v}\" (expected client_ip/1 to client_ip/128)"));
+                        p.at(&s.span, format!("`{field}`: bad prefix length in \"{v}\" (expected client_ip/1 to client_ip/128)"));
                         return None;
                     }
                 }
@@ -900,7 +901,7 @@ fn key_part(p: &Problems, s: &Spanned<String>) -> Option<KeyPart> {
     if part.is_none() {
         p.at(
             &s.span,
-            format!("`key`: unknown key part \"{v}\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route or client_cert)"),
+            format!("`{field}`: unknown key part \"{v}\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route or client_cert)"),
         );
     }
     part
@@ -937,7 +938,7 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
         .and_then(|_| t.strings("key"))
         .unwrap_or_default()
         .iter()
-        .filter_map(|s| key_part(p, s))
+        .filter_map(|s| key_part(p, s, "key"))
         .collect();
     let cost = t.int("cost", 0..=i64::MAX).map_or(1, |n| n.value as u64);
     let mode = t
@@ -981,6 +982,7 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
         );
     }
     let limit = limit.map(|n| n.value as u64);
+    let burst_written = burst.as_ref().map(|n| n.value as u64);
     let burst = burst.map(|n| n.value as u64).or(limit);
     // A request costing more than the policy can ever hold would be refused forever.
     let ceiling = match algorithm {
@@ -1009,6 +1011,23 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
             );
         }
     }
+    let ban = t.duration("ban").map_or(Duration::ZERO, |d| d.value);
+    let overrides = match (algorithm, limit) {
+        (Some(algorithm), Some(limit)) => {
+            let own = Own {
+                name: &name.value,
+                algorithm,
+                limit,
+                burst_written,
+                period,
+                cost,
+                delay: on_exceed,
+            };
+            overrides(p, &t, &own)
+        }
+        // The policy's own errors are reported; its overrides cannot be completed.
+        _ => Vec::new(),
+    };
     t.finish();
     Some(Policy {
         name: name.value.clone(),
@@ -1025,7 +1044,212 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
         exempt,
         on_error,
         lease,
+        overrides,
+        ban,
     })
+}
+
+/// What an override of a policy inherits, and is checked against.
+struct Own<'a> {
+    name: &'a str,
+    algorithm: Algorithm,
+    limit: u64,
+    /// `burst` as written in the policy, if it was.
+    burst_written: Option<u64>,
+    period: Duration,
+    cost: u64,
+    delay: bool,
+}
+
+/// `[[policies.NAME.overrides]]`: every entry completed to plain numbers and checked by the
+/// rules of the policy's own numbers.
+fn overrides(p: &Problems, t: &Table, own: &Own) -> Vec<Override> {
+    let Some(node) = t.get("overrides") else {
+        return Vec::new();
+    };
+    let Node::Array(items) = &node.value else {
+        p.at(
+            &node.span,
+            format!(
+                "`overrides` must be an array of tables ([[policies.{}.overrides]]), found {}",
+                own.name,
+                node.value.kind()
+            ),
+        );
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for item in items {
+        let Some(o) = Table::new(p, &format!("[[policies.{}.overrides]]", own.name), item) else {
+            continue;
+        };
+        let when = o.required("when").and_then(|node| conditions(p, node));
+        let limit = o.int("limit", 1..=i64::MAX).map(|n| n.value as u64);
+        let burst = o.int("burst", 1..=i64::MAX).map(|n| n.value as u64);
+        let period = o.duration("period");
+        if let Some(d) = &period {
+            if own.algorithm == Algorithm::Concurrency {
+                p.at(
+                    &o.key_span("period"),
+                    "a concurrency policy has no `period` to override",
+                );
+            } else if d.value < Duration::from_millis(1) {
+                p.at(&d.span, "`period` must be at least 1ms");
+            }
+        }
+        let numbers_given = o
+            .entries
+            .iter()
+            .any(|(k, _)| matches!(k.value.as_str(), "limit" | "period" | "burst"));
+        if !numbers_given {
+            p.at(
+                &o.span,
+                "an override needs at least one of `limit`, `period` and `burst`",
+            );
+        }
+        let limit = limit.unwrap_or(own.limit);
+        let burst = burst.or(own.burst_written).unwrap_or(limit);
+        let period = period.map_or(own.period, |d| d.value);
+        // The policy's rules, on the numbers this override applies.
+        let ceiling = match own.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+                Some(("limit", limit))
+            }
+            Algorithm::TokenBucket | Algorithm::Gcra if !own.delay => Some(("burst", burst)),
+            _ => None,
+        };
+        if let Some((what, most)) = ceiling.filter(|(_, most)| own.cost > *most) {
+            p.at(
+                &o.key_span(what),
+                format!(
+                    "`cost` {} can never be admitted: it exceeds this override's `{what}` ({most})",
+                    own.cost
+                ),
+            );
+        }
+        let period_ms = period.as_millis();
+        if own.algorithm != Algorithm::Concurrency {
+            for (key, n) in [("limit", limit), ("burst", burst), ("cost", own.cost)] {
+                if n as u128 * period_ms >= EXACT_LIMIT {
+                    let at = if o.get(key).is_some() { key } else { "period" };
+                    p.at(
+                        &o.key_span(at),
+                        format!("`{key}` times `period` in ms must stay below 2^53"),
+                    );
+                }
+            }
+        }
+        o.finish();
+        if let (Some(when), Some(limit), Some(burst)) =
+            (when, NonZeroU64::new(limit), NonZeroU64::new(burst))
+        {
+            out.push(Override {
+                when,
+                numbers: Numbers {
+                    limit,
+                    period,
+                    burst,
+                },
+            });
+        }
+    }
+    out
+}
+
+/// `when = { PART = "value" | ["value", ...], ... }`.
+fn conditions(p: &Problems, node: &Spanned<Node>) -> Option<Vec<Condition>> {
+    let Node::Table(entries) = &node.value else {
+        p.at(
+            &node.span,
+            format!(
+                "`when` must be a table of key parts, found {}",
+                node.value.kind()
+            ),
+        );
+        return None;
+    };
+    if entries.is_empty() {
+        p.at(&node.span, "`when` needs at least one key part");
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut ok = true;
+    for (name, value) in entries {
+        let part = key_part(p, name, "when");
+        let values: Vec<Spanned<String>> = match &value.value {
+            Node::Str(s) => vec![Spanned {
+                value: s.clone(),
+                span: value.span.clone(),
+            }],
+            Node::Array(items) => items
+                .iter()
+                .filter_map(|item| match &item.value {
+                    Node::Str(s) => Some(Spanned {
+                        value: s.clone(),
+                        span: item.span.clone(),
+                    }),
+                    other => {
+                        ok = false;
+                        p.at(
+                            &item.span,
+                            format!("`when`: values must be strings, found {}", other.kind()),
+                        );
+                        None
+                    }
+                })
+                .collect(),
+            other => {
+                ok = false;
+                p.at(
+                    &value.span,
+                    format!(
+                        "`when`: \"{}\" must be a string or an array of strings, found {}",
+                        name.value,
+                        other.kind()
+                    ),
+                );
+                continue;
+            }
+        };
+        if values.is_empty() && matches!(value.value, Node::Array(_)) {
+            ok = false;
+            p.at(
+                &value.span,
+                format!("`when`: \"{}\" needs at least one value", name.value),
+            );
+        }
+        let Some(part) = part else {
+            ok = false;
+            continue;
+        };
+        let values = match part {
+            KeyPart::ClientIp | KeyPart::ClientNet(_) => Values::Nets(
+                values
+                    .iter()
+                    .filter_map(|s| {
+                        let net = parse_cidr(&s.value);
+                        if net.is_none() {
+                            ok = false;
+                            p.at(
+                                &s.span,
+                                format!("`when`: bad CIDR \"{}\" (expected e.g. \"10.0.0.0/8\" or \"2001:db8::/32\")", s.value),
+                            );
+                        }
+                        net.map(|n| n.trunc())
+                    })
+                    .collect(),
+            ),
+            KeyPart::Host | KeyPart::Method => Values::Caseless(
+                values
+                    .iter()
+                    .map(|s| s.value.to_ascii_lowercase())
+                    .collect(),
+            ),
+            _ => Values::Exact(values.into_iter().map(|s| s.value).collect()),
+        };
+        out.push(Condition { part, values });
+    }
+    ok.then_some(out)
 }
 
 fn routes(

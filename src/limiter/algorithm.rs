@@ -37,6 +37,8 @@ pub struct Verdict {
     pub retry_after_ms: u64,
     /// Allowed: milliseconds the request must wait before it is forwarded.
     pub wait_ms: u64,
+    /// Denied by a standing ban (`Check::ban_ms`), not by the algorithm.
+    pub banned: bool,
 }
 
 /// Stored state, one shape per algorithm.
@@ -112,6 +114,7 @@ fn fixed_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Ver
         reset_ms: if after > 0 { reset_ms } else { 0 },
         retry_after_ms: if allowed { 0 } else { reset_ms },
         wait_ms: 0,
+        banned: false,
     };
     (
         verdict,
@@ -162,6 +165,7 @@ fn sliding_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (V
         reset_ms,
         retry_after_ms,
         wait_ms: 0,
+        banned: false,
     };
     (
         verdict,
@@ -244,6 +248,7 @@ fn sliding_log(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verd
         reset_ms: entries.back().map_or(0, |(t, _)| t + rule.period_ms - now),
         retry_after_ms,
         wait_ms: 0,
+        banned: false,
     };
     (verdict, State::Log { entries, total })
 }
@@ -273,6 +278,7 @@ fn token_bucket(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Ver
         reset_ms: ceil_div((capacity - after) as u128, rule.limit as u128) as u64,
         retry_after_ms: if allowed { 0 } else { wait },
         wait_ms: if allowed { wait } else { 0 },
+        banned: false,
     };
     (
         verdict,
@@ -344,6 +350,7 @@ fn gcra(
         reset_ms: ceil_div(after, limit) as u64,
         retry_after_ms: if allowed { 0 } else { over as u64 },
         wait_ms: if allowed { wait as u64 } else { 0 },
+        banned: false,
     };
     let state = if allowed {
         new_state
@@ -383,6 +390,7 @@ pub fn acquire(
         // Slots free whenever a response ends; a second is the honest hint.
         retry_after_ms: if allowed { 0 } else { 1000 },
         wait_ms: 0,
+        banned: false,
     };
     (verdict, State::Leases(leases))
 }

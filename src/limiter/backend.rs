@@ -15,6 +15,10 @@ pub struct Check {
     pub enforce: bool,
     /// concurrency: the lease id this request holds if admitted (never 0).
     pub lease: u64,
+    /// `ban` in ms (0: none; always 0 for a shadow check): once the check is denied, its key
+    /// is denied for this long without asking the algorithm. Set and read in the same
+    /// atomic decision as the check.
+    pub ban_ms: u64,
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]

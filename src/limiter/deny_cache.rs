@@ -1,17 +1,40 @@
 //! The local cache of over-limit keys: rejects without asking the backend until the
 //! key's `retry_after` has passed. A denied request consumes nothing, so this changes
 //! no decision, only where it is made.
+//!
+//! Overrides: a denial holds for the numbers it was decided with. One key can be counted
+//! with other numbers by another request (an override that matches on a part outside the
+//! policy's key, or a runtime override set since), so an entry remembers its `Rule` and
+//! answers only a request resolved to the same one; any other asks the backend. A ban
+//! holds for the key whatever its numbers, so a ban entry answers every request.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::algorithm::Rule;
+
 const SHARDS: usize = 16;
+
+/// Until when a key is denied, and for which numbers (`None`: banned, for all of them).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    until: u64,
+    rule: Option<Rule>,
+}
+
+/// A cached denial that answers a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hit {
+    pub retry_after_ms: u64,
+    /// The key is under a ban (counted as `banned`, not `rejected`).
+    pub banned: bool,
+}
 
 #[derive(Clone)]
 pub struct DenyCache {
-    shards: Arc<[Mutex<HashMap<String, u64>>]>,
+    shards: Arc<[Mutex<HashMap<String, Entry>>]>,
     per_shard: usize,
 }
 
@@ -23,7 +46,7 @@ impl DenyCache {
         }
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, u64>> {
+    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Entry>> {
         // Keys carry a hex hash after the prefix; any byte spread is fine here.
         let h = key
             .bytes()
@@ -31,11 +54,18 @@ impl DenyCache {
         &self.shards[h % SHARDS]
     }
 
-    /// Milliseconds until `key` may pass, if it is still known to be over its limit.
-    pub fn get(&self, key: &str, now: u64) -> Option<u64> {
+    /// Milliseconds until `key` may pass, if it is still known to be over its limit with
+    /// `rule`'s numbers, or banned.
+    pub fn get(&self, key: &str, now: u64, rule: &Rule) -> Option<Hit> {
         let mut shard = self.shard(key).lock();
         match shard.get(key) {
-            Some(&until) if until > now => Some(until - now),
+            Some(e) if e.until > now => {
+                let banned = e.rule.is_none();
+                (banned || e.rule.as_ref() == Some(rule)).then(|| Hit {
+                    retry_after_ms: e.until - now,
+                    banned,
+                })
+            }
             Some(_) => {
                 shard.remove(key);
                 None
@@ -49,41 +79,89 @@ impl DenyCache {
         self.shards.iter().map(|s| s.lock().len()).sum()
     }
 
-    pub fn insert(&self, key: &str, until: u64) {
+    /// `key` is over its limit with `rule`'s numbers until `until`.
+    pub fn insert(&self, key: &str, until: u64, rule: &Rule) {
+        self.put(key, until, Some(*rule));
+    }
+
+    /// `key` is banned until `until`.
+    pub fn insert_ban(&self, key: &str, until: u64) {
+        self.put(key, until, None);
+    }
+
+    fn put(&self, key: &str, until: u64, rule: Option<Rule>) {
         let mut shard = self.shard(key).lock();
         if shard.len() >= self.per_shard && !shard.contains_key(key) {
             // Full: forget the entry that frees soonest among a few.
             if let Some(victim) = shard
                 .iter()
                 .take(8)
-                .min_by_key(|(_, u)| **u)
+                .min_by_key(|(_, e)| e.until)
                 .map(|(k, _)| k.clone())
             {
                 shard.remove(&victim);
             }
         }
-        shard.insert(key.to_owned(), until);
+        shard.insert(key.to_owned(), Entry { until, rule });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Algorithm;
+
+    fn rule(limit: u64) -> Rule {
+        Rule {
+            algorithm: Algorithm::Gcra,
+            limit,
+            period_ms: 1_000,
+            burst: limit,
+            max_delay_ms: None,
+            lease_ms: 1,
+        }
+    }
 
     #[test]
     fn entries_last_until_retry_after() {
         let c = DenyCache::new(100);
-        c.insert("k", 1_500);
-        assert_eq!(c.get("k", 1_000), Some(500));
-        assert_eq!(c.get("k", 1_500), None);
-        assert_eq!(c.get("other", 1_000), None);
+        c.insert("k", 1_500, &rule(3));
+        let hit = |ms| {
+            Some(Hit {
+                retry_after_ms: ms,
+                banned: false,
+            })
+        };
+        assert_eq!(c.get("k", 1_000, &rule(3)), hit(500));
+        assert_eq!(c.get("k", 1_500, &rule(3)), None);
+        assert_eq!(c.get("other", 1_000, &rule(3)), None);
+    }
+
+    #[test]
+    fn a_denial_answers_only_its_numbers_and_a_ban_all() {
+        let c = DenyCache::new(100);
+        c.insert("k", 1_500, &rule(3));
+        assert_eq!(
+            c.get("k", 1_000, &rule(10)),
+            None,
+            "other numbers ask the backend"
+        );
+        assert!(c.get("k", 1_000, &rule(3)).is_some());
+        c.insert_ban("k", 9_000);
+        assert_eq!(
+            c.get("k", 1_000, &rule(10)),
+            Some(Hit {
+                retry_after_ms: 8_000,
+                banned: true
+            })
+        );
     }
 
     #[test]
     fn size_is_bounded() {
         let c = DenyCache::new(32);
         for i in 0..10_000 {
-            c.insert(&format!("k{i}"), 5_000);
+            c.insert(&format!("k{i}"), 5_000, &rule(1));
         }
         let total: usize = c.shards.iter().map(|s| s.lock().len()).sum();
         assert!(total <= 32, "{total}");

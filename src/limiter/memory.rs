@@ -24,6 +24,9 @@ struct Entry {
 #[derive(Default)]
 struct Shard {
     map: HashMap<String, Entry>,
+    /// Banned keys (`Check::ban_ms`) and until when; bounded like `map`. In the same shard
+    /// as the key's state, so a ban is read and set under the lock of its decision.
+    bans: HashMap<String, u64>,
     inserts: u64,
 }
 
@@ -75,6 +78,10 @@ impl MemoryBackend {
         let mut outcomes = Vec::with_capacity(checks.len());
         for check in checks {
             let shard = Self::guard(&mut guards, &check.key);
+            if let Some(rest) = shard.banned(check, now) {
+                outcomes.push((banned(rest), State::Leases(Vec::new())));
+                continue;
+            }
             let state = shard
                 .map
                 .get(&check.key)
@@ -94,7 +101,10 @@ impl MemoryBackend {
             .all(|(c, (v, _))| v.allowed || !c.enforce);
         if commit {
             for (check, (verdict, state)) in checks.iter().zip(outcomes.iter_mut()) {
-                if verdict.allowed {
+                // Cost 0 only observes: its state is unchanged, and storing it again would
+                // move its expiry to the numbers of this call (an override's), which the
+                // Lua scripts never do.
+                if verdict.allowed && check.cost > 0 {
                     let state = std::mem::replace(state, State::Leases(Vec::new()));
                     let expires = algorithm::expires_at(&check.rule, &state);
                     let per_shard = self.per_shard;
@@ -108,6 +118,20 @@ impl MemoryBackend {
                     if evicted {
                         self.evictions.inc();
                     }
+                }
+            }
+        } else {
+            // A key its policy rejects now is banned from now on.
+            for (check, (verdict, _)) in checks.iter().zip(outcomes.iter_mut()) {
+                if check.enforce && check.ban_ms > 0 && !verdict.allowed && !verdict.banned {
+                    let per_shard = self.per_shard;
+                    Self::guard(&mut guards, &check.key).ban(
+                        &check.key,
+                        now + check.ban_ms,
+                        now,
+                        per_shard,
+                    );
+                    verdict.retry_after_ms = verdict.retry_after_ms.max(check.ban_ms);
                 }
             }
         }
@@ -140,7 +164,47 @@ impl MemoryBackend {
     }
 }
 
+/// The verdict for a key under a ban that has `rest` ms to run.
+fn banned(rest: u64) -> Verdict {
+    Verdict {
+        allowed: false,
+        remaining: 0,
+        reset_ms: rest,
+        retry_after_ms: rest,
+        wait_ms: 0,
+        banned: true,
+    }
+}
+
 impl Shard {
+    /// The rest of `check`'s ban, if its key is banned at `now`.
+    fn banned(&self, check: &Check, now: u64) -> Option<u64> {
+        if !check.enforce || check.ban_ms == 0 {
+            return None;
+        }
+        let until = *self.bans.get(&check.key)?;
+        (until > now).then(|| until - now)
+    }
+
+    fn ban(&mut self, key: &str, until: u64, now: u64, capacity: usize) {
+        if self.bans.len() >= capacity && !self.bans.contains_key(key) {
+            self.bans.retain(|_, u| *u > now);
+            if self.bans.len() >= capacity {
+                // Still full: the ban that ends soonest among a few goes.
+                if let Some(victim) = self
+                    .bans
+                    .iter()
+                    .take(EVICTION_SAMPLE)
+                    .min_by_key(|(_, u)| **u)
+                    .map(|(k, _)| k.clone())
+                {
+                    self.bans.remove(&victim);
+                }
+            }
+        }
+        self.bans.insert(key.to_owned(), until);
+    }
+
     /// Stores `key`; true when a live key had to be dropped to make room.
     fn insert(
         &mut self,
@@ -153,6 +217,7 @@ impl Shard {
         self.inserts += 1;
         if self.inserts.is_multiple_of(SWEEP_EVERY) {
             self.map.retain(|_, e| e.expires > now);
+            self.bans.retain(|_, until| *until > now);
         }
         let evicted = self.map.len() >= capacity && !self.map.contains_key(&key) && self.evict(now);
         self.map.insert(key, Entry { state, expires });
@@ -235,6 +300,7 @@ mod tests {
             cost: 1,
             enforce,
             lease: 7,
+            ban_ms: 0,
         }
     }
 
@@ -280,6 +346,29 @@ mod tests {
         assert!(m.decide_now(std::slice::from_ref(&c), 5_000)[0].allowed);
         assert!(!m.decide_now(std::slice::from_ref(&c), 5_999)[0].allowed);
         assert!(m.decide_now(&[c], 6_000)[0].allowed);
+    }
+
+    #[test]
+    fn a_rejected_key_stays_banned_for_ban_ms() {
+        let m = MemoryBackend::new(1000);
+        let mut c = check("a", Algorithm::FixedWindow, 1, true);
+        c.ban_ms = 5_000;
+        assert!(m.decide_now(std::slice::from_ref(&c), 1_000)[0].allowed);
+        let v = m.decide_now(std::slice::from_ref(&c), 1_500)[0];
+        assert!(
+            !v.allowed && !v.banned && v.retry_after_ms == 5_000,
+            "{v:?}"
+        );
+        // The window turned, but the ban holds until 6_500.
+        let v = m.decide_now(std::slice::from_ref(&c), 2_000)[0];
+        assert!(v.banned && v.retry_after_ms == 4_500, "{v:?}");
+        assert!(m.decide_now(std::slice::from_ref(&c), 6_500)[0].allowed);
+        // A shadow check bans nobody.
+        let mut s = check("s", Algorithm::FixedWindow, 1, false);
+        s.ban_ms = 5_000;
+        m.decide_now(std::slice::from_ref(&s), 1_000);
+        assert!(!m.decide_now(std::slice::from_ref(&s), 1_001)[0].allowed);
+        assert!(m.decide_now(std::slice::from_ref(&s), 2_000)[0].allowed);
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod clock;
 mod deny_cache;
 pub mod memory;
+pub mod overrides;
 pub mod redis;
 mod scripts;
 
@@ -22,7 +23,7 @@ use clock::Clock;
 use deny_cache::DenyCache;
 use memory::MemoryBackend;
 
-use crate::config::{self, Algorithm, Mode, OnError, OnMissing, Policy};
+use crate::config::{self, Algorithm, Mode, Numbers, OnError, OnMissing, Policy};
 use crate::key::{self, RequestFacts};
 use crate::metrics::Metrics;
 
@@ -41,6 +42,8 @@ pub enum Decision {
     Exempt,
     ErrorAllowed,
     ErrorDenied,
+    /// Rejected by a standing `ban`, without asking the algorithm.
+    Banned,
 }
 
 impl Decision {
@@ -54,6 +57,7 @@ impl Decision {
             Decision::Exempt => "exempt",
             Decision::ErrorAllowed => "error_allowed",
             Decision::ErrorDenied => "error_denied",
+            Decision::Banned => "banned",
         }
     }
 }
@@ -65,6 +69,8 @@ pub struct PolicyOutcome {
     pub decision: Decision,
     /// Present when the policy was decided (shown in response headers unless shadow).
     pub verdict: Option<Verdict>,
+    /// The numbers the policy was decided with (an override's or its own), with `verdict`.
+    pub rule: Option<Rule>,
 }
 
 /// Why a request may not pass.
@@ -301,6 +307,7 @@ impl Limiter {
                     policy: id,
                     decision: Decision::Exempt,
                     verdict: None,
+                    rule: None,
                 });
                 continue;
             }
@@ -311,6 +318,7 @@ impl Limiter {
                         policy: id,
                         decision: Decision::Skipped,
                         verdict: None,
+                        rule: None,
                     });
                     continue;
                 }
@@ -325,6 +333,7 @@ impl Limiter {
                         policy: id,
                         decision,
                         verdict: None,
+                        rule: None,
                     });
                     if !shadow {
                         violated.push(id);
@@ -336,10 +345,14 @@ impl Limiter {
             };
             let key = self.storage_key(policy, &value);
             let enforce = policy.mode == Mode::Enforce;
+            let rule = rule_of(policy, self.numbers_for(policy, &key, req));
             if enforce && policy.algorithm != Algorithm::Concurrency {
-                if let Some(retry_after_ms) =
-                    self.deny_cache.as_ref().and_then(|c| c.get(&key, now))
+                if let Some(hit) = self
+                    .deny_cache
+                    .as_ref()
+                    .and_then(|c| c.get(&key, now, &rule))
                 {
+                    let retry_after_ms = hit.retry_after_ms;
                     self.metrics
                         .deny_cache_hits
                         .with_label_values(&[&policy.name])
@@ -349,12 +362,18 @@ impl Limiter {
                         allowed: false,
                         retry_after_ms,
                         reset_ms: retry_after_ms,
+                        banned: hit.banned,
                         ..Verdict::default()
                     };
                     outcome.policies.push(PolicyOutcome {
                         policy: id,
-                        decision: Decision::Rejected,
+                        decision: if hit.banned {
+                            Decision::Banned
+                        } else {
+                            Decision::Rejected
+                        },
                         verdict: Some(verdict),
+                        rule: Some(rule),
                     });
                     violated.push(id);
                     continue;
@@ -362,9 +381,15 @@ impl Limiter {
             }
             checks.push(Check {
                 key,
-                rule: rule_of(policy),
+                rule,
                 cost: policy.cost,
                 enforce,
+                // Shadow policies ban nobody.
+                ban_ms: if enforce {
+                    policy.ban.as_millis() as u64
+                } else {
+                    0
+                },
                 // An observe-only (cost 0) concurrency policy holds no slot.
                 lease: if policy.algorithm == Algorithm::Concurrency && policy.cost > 0 {
                     self.next_lease()
@@ -386,6 +411,20 @@ impl Limiter {
         }
         self.count(route, policies, &outcome);
         outcome
+    }
+
+    /// The numbers `policy` counts the key `key` with for `req`: a runtime override for
+    /// the exact key, else the first matching config override, else the policy's own.
+    fn numbers_for(&self, policy: &Policy, key: &str, req: &RequestFacts) -> Numbers {
+        self.runtime_override(policy, key)
+            .unwrap_or_else(|| overrides::resolve(policy, req))
+    }
+
+    /// The hook for the admin API's runtime overrides (DESIGN §9.2): the numbers set for
+    /// this exact storage key, which win over every config override. None until that
+    /// store exists; it plugs in here, and nothing below this layer changes.
+    fn runtime_override(&self, _policy: &Policy, _key: &str) -> Option<Numbers> {
+        None
     }
 
     fn next_lease(&self) -> u64 {
@@ -487,6 +526,10 @@ impl Limiter {
                 Ok(v) if v.allowed && v.wait_ms > 0 => Decision::Delayed,
                 Ok(v) if v.allowed => Decision::Allowed,
                 Ok(_) if !check.enforce => Decision::ShadowRejected,
+                Ok(v) if v.banned => {
+                    violated.push(id);
+                    Decision::Banned
+                }
                 Ok(_) => {
                     violated.push(id);
                     Decision::Rejected
@@ -502,6 +545,7 @@ impl Limiter {
                 policy: id,
                 decision,
                 verdict: verdict.as_ref().ok().copied(),
+                rule: Some(check.rule),
             });
         }
         if backend_down {
@@ -516,7 +560,12 @@ impl Limiter {
                             && !v.allowed
                             && check.rule.algorithm != Algorithm::Concurrency
                         {
-                            cache.insert(&check.key, now + v.retry_after_ms);
+                            // A denial of a banning check is a ban (set now, or standing).
+                            if check.ban_ms > 0 {
+                                cache.insert_ban(&check.key, now + v.retry_after_ms);
+                            } else {
+                                cache.insert(&check.key, now + v.retry_after_ms, &check.rule);
+                            }
                         }
                     }
                 }
@@ -599,13 +648,14 @@ fn near_limit(policy: &Policy, verdict: &Verdict) -> bool {
     u128::from(verdict.remaining) * 5 < u128::from(quota)
 }
 
-/// The numbers of `policy` its algorithm needs.
-pub fn rule_of(policy: &Policy) -> Rule {
+/// What `policy`'s algorithm needs, counting with `numbers` (the policy's own, or an
+/// override's: `overrides::resolve`).
+pub fn rule_of(policy: &Policy, numbers: Numbers) -> Rule {
     Rule {
         algorithm: policy.algorithm,
-        limit: policy.limit.get(),
-        period_ms: (policy.period.as_millis() as u64).max(1),
-        burst: policy.burst.get(),
+        limit: numbers.limit.get(),
+        period_ms: (numbers.period.as_millis() as u64).max(1),
+        burst: numbers.burst.get(),
         max_delay_ms: policy.delay.map(|d| d.as_millis() as u64),
         lease_ms: (policy.lease.as_millis() as u64).max(1),
     }

@@ -352,12 +352,13 @@ async fn decide_across_slots(
     for reply in call_groups(&conn, &checks, &groups, Mode::Peek, now).await {
         peeks.push(reply?);
     }
-    let verdicts = in_check_order(&groups, &peeks, checks.len());
+    let mut verdicts = in_check_order(&groups, &peeks, checks.len());
     let allowed = checks
         .iter()
         .zip(&verdicts)
         .all(|(c, v)| v.allowed || !c.enforce);
     if !allowed {
+        ban_denied(&conn, &checks, &groups, &peeks, &mut verdicts).await;
         return Ok(verdicts);
     }
     let charges = call_groups(&conn, &checks, &groups, Mode::Decide, now).await;
@@ -400,6 +401,38 @@ async fn decide_across_slots(
         replies.push(reply?);
     }
     Ok(in_check_order(&groups, &replies, checks.len()))
+}
+
+/// Across slots a denial is found by a peek, which sets no ban: bans the keys of the
+/// banning checks their algorithm denied, as a decide's script does (ban key = end time,
+/// TTL = ban), at the time the group's peek ran.
+async fn ban_denied(
+    conn: &ClusterConnection,
+    checks: &[Check],
+    groups: &[Vec<usize>],
+    peeks: &[Reply],
+    verdicts: &mut [Verdict],
+) {
+    for (group, peek) in groups.iter().zip(peeks) {
+        for &i in group {
+            let (check, verdict) = (&checks[i], &mut verdicts[i]);
+            let newly_denied = check.enforce && !verdict.allowed && !verdict.banned;
+            if !newly_denied || check.ban_ms == 0 {
+                continue;
+            }
+            let set = redis::cmd("SET")
+                .arg(scripts::ban_key(&check.key))
+                .arg(peek.now + check.ban_ms)
+                .arg("PX")
+                .arg(check.ban_ms)
+                .query_async::<()>(&mut conn.clone())
+                .await;
+            if let Err(e) = set {
+                log::warn!("redis limiter: could not set a ban: {e}");
+            }
+            verdict.retry_after_ms = verdict.retry_after_ms.max(check.ban_ms);
+        }
+    }
 }
 
 /// One concurrent script call per group; results in group order.

@@ -96,8 +96,8 @@ pub(crate) fn full_script() -> &'static Script {
     script(EVERY_ALGORITHM)
 }
 
-/// Reply integers per check, after `now`: allowed, remaining, reset_ms, and delay_ms (the
-/// wait when allowed, the retry-after when denied).
+/// Reply integers per check, after `now`: allowed (1, 0, or 2 for banned), remaining,
+/// reset_ms, and delay_ms (the wait when allowed, the retry-after when denied).
 const REPLY_FIELDS: usize = 4;
 
 /// What one call does with its checks.
@@ -132,12 +132,26 @@ pub(crate) fn invocation<'c>(
     let checks: Vec<&Check> = checks.into_iter().collect();
     let set = checks.iter().fold(0, |set, c| set | bit(c.rule.algorithm));
     let mut call = script(set).prepare_invoke();
+    // Checks that ban (enforced, `ban_ms` > 0) take flag "2", their ban key after every
+    // state key, and their `ban_ms` after every check's fields. A refund never bans.
+    let banning: Vec<&Check> = match mode {
+        Mode::Refund { .. } => Vec::new(),
+        _ => checks.iter().copied().filter(|c| bans(c)).collect(),
+    };
+    let flags = || -> String {
+        checks
+            .iter()
+            .map(|c| match (c.enforce, bans(c)) {
+                (true, true) => '2',
+                (true, false) => '1',
+                _ => '0',
+            })
+            .collect()
+    };
     match mode {
-        Mode::Decide => {
-            let flags = checks.iter().map(|c| if c.enforce { '1' } else { '0' });
-            call.arg(format!("decide{}", flags.collect::<String>()))
-        }
-        Mode::Peek => call.arg("peek"),
+        Mode::Decide => call.arg(format!("decide{}", flags())),
+        Mode::Peek if banning.is_empty() => call.arg("peek"),
+        Mode::Peek => call.arg(format!("peek{}", flags())),
         Mode::Refund { .. } => call.arg("refund"),
     };
     call.arg(now.map(|n| n.to_string()).unwrap_or_default());
@@ -159,7 +173,20 @@ pub(crate) fn invocation<'c>(
         }
         call.arg(check.cost);
     }
+    for check in banning {
+        call.key(ban_key(&check.key)).arg(check.ban_ms);
+    }
     call
+}
+
+/// Whether `check` bans its key when denied.
+fn bans(check: &Check) -> bool {
+    check.enforce && check.ban_ms > 0
+}
+
+/// Where the ban of the key `key` lives: next to its state, in the same cluster slot.
+pub(crate) fn ban_key(key: &str) -> String {
+    format!("{key}:ban")
 }
 
 /// Frees concurrency lease `lease` under `key`.
@@ -204,6 +231,7 @@ pub(crate) fn decode(reply: &[i64], mode: Mode, enforce: &[bool]) -> Result<Repl
     let verdicts = reply[1..]
         .chunks_exact(REPLY_FIELDS)
         .map(|v| {
+            // 1: allowed; 0: denied; 2: denied by a standing ban.
             let (allowed, delay) = (v[0] == 1, whole(v[3])?);
             Ok(Verdict {
                 allowed,
@@ -211,6 +239,7 @@ pub(crate) fn decode(reply: &[i64], mode: Mode, enforce: &[bool]) -> Result<Repl
                 reset_ms: whole(v[2])?,
                 retry_after_ms: if allowed { 0 } else { delay },
                 wait_ms: if allowed { delay } else { 0 },
+                banned: v[0] == 2,
             })
         })
         .collect::<Result<Vec<_>, BackendError>>()?;
@@ -303,12 +332,27 @@ mod tests {
             cost: 2,
             enforce: false,
             lease: 0,
+            ban_ms: 0,
         };
         let packed = invocation(Mode::Refund { charged_at: 42 }, [&check, &check], Some(7));
         let text = format!("{packed:?}");
         assert!(
             // mode, now, charged_at, then six fields per check.
             text.contains("args: 15") && text.contains("keys: 2"),
+            "{text}"
+        );
+        // A banning check: its ban key after the state keys, its ban after the fields.
+        let banning = Check {
+            enforce: true,
+            ban_ms: 9_000,
+            ..check.clone()
+        };
+        let text = format!(
+            "{:?}",
+            invocation(Mode::Decide, [&check, &banning], Some(7))
+        );
+        assert!(
+            text.contains("args: 15") && text.contains("keys: 3"),
             "{text}"
         );
         // One check to decide: eight arguments, so Redis grows ARGV no further.
@@ -337,14 +381,16 @@ mod tests {
                     remaining: 4,
                     reset_ms: 300,
                     retry_after_ms: 0,
-                    wait_ms: 100
+                    wait_ms: 100,
+                    banned: false,
                 },
                 Verdict {
                     allowed: false,
                     remaining: 0,
                     reset_ms: 0,
                     retry_after_ms: 1000,
-                    wait_ms: 0
+                    wait_ms: 0,
+                    banned: false,
                 },
             ]
         );

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use crate::config::{Algorithm, HeaderStyle, Policy};
+use crate::limiter::algorithm::Verdict;
 use crate::limiter::{Decision, Denial, PolicyOutcome};
 
 pub const PROBLEM: &str = "application/problem+json";
@@ -31,11 +32,20 @@ pub fn rate_limit_headers(
     policies: &[Policy],
     outcomes: &[PolicyOutcome],
 ) -> Vec<(&'static str, String)> {
-    let shown: Vec<(&Policy, crate::limiter::algorithm::Verdict)> = outcomes
+    // With the numbers each was decided with (an override's, or the policy's own).
+    let shown: Vec<(&Policy, Verdict, u64, u64)> = outcomes
         .iter()
         .filter(|o| o.decision != Decision::ShadowRejected)
-        .filter_map(|o| Some((&policies[o.policy], o.verdict?)))
-        .filter(|(p, _)| p.mode == crate::config::Mode::Enforce)
+        .filter_map(|o| {
+            let p = &policies[o.policy];
+            let (limit, period_ms) = o
+                .rule
+                .map_or((p.limit.get(), p.period.as_millis() as u64), |r| {
+                    (r.limit, r.period_ms)
+                });
+            Some((p, o.verdict?, limit, period_ms))
+        })
+        .filter(|(p, ..)| p.mode == crate::config::Mode::Enforce)
         .collect();
     if shown.is_empty() {
         return Vec::new();
@@ -45,18 +55,18 @@ pub fn rate_limit_headers(
         HeaderStyle::Ietf => {
             let mut policy = String::new();
             let mut state = String::new();
-            for (i, (p, v)) in shown.iter().enumerate() {
+            for (i, (p, v, limit, period_ms)) in shown.iter().enumerate() {
                 let sep = if i > 0 { ", " } else { "" };
                 if p.algorithm == Algorithm::Concurrency {
                     let _ = write!(
                         policy,
-                        "{sep}\"{}\";q={};qu=\"concurrent-requests\"",
-                        p.name, p.limit
+                        "{sep}\"{}\";q={limit};qu=\"concurrent-requests\"",
+                        p.name
                     );
                     let _ = write!(state, "{sep}\"{}\";r={};t=0", p.name, v.remaining);
                 } else {
-                    let w = secs_up(p.period.as_millis() as u64);
-                    let _ = write!(policy, "{sep}\"{}\";q={};w={w}", p.name, p.limit);
+                    let w = secs_up(*period_ms);
+                    let _ = write!(policy, "{sep}\"{}\";q={limit};w={w}", p.name);
                     let _ = write!(
                         state,
                         "{sep}\"{}\";r={};t={}",
@@ -70,7 +80,7 @@ pub fn rate_limit_headers(
         }
         HeaderStyle::Legacy => {
             // The most restrictive: lowest remaining, then longest reset.
-            let Some((p, v)) = shown.iter().min_by(|a, b| {
+            let Some((_, v, limit, _)) = shown.iter().min_by(|a, b| {
                 a.1.remaining
                     .cmp(&b.1.remaining)
                     .then(b.1.reset_ms.cmp(&a.1.reset_ms))
@@ -78,7 +88,7 @@ pub fn rate_limit_headers(
                 return Vec::new();
             };
             vec![
-                ("X-RateLimit-Limit", p.limit.to_string()),
+                ("X-RateLimit-Limit", limit.to_string()),
                 ("X-RateLimit-Remaining", v.remaining.to_string()),
                 ("X-RateLimit-Reset", secs_up(v.reset_ms).to_string()),
             ]

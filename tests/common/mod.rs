@@ -352,3 +352,37 @@ pub fn burst(
 pub fn count_status(responses: &[http::Response], status: u16) -> usize {
     responses.iter().filter(|r| r.status == status).count()
 }
+
+/// The plans of DESIGN §9.1 in one fixed_window policy `plans` keyed on the API key:
+/// anonymous clients 3 per hour, `x-plan: gold` 10, two partner keys 20, and clients from
+/// 10.0.0.0/8 (none in these tests) 50; `extra` adds lines to the policy (e.g. `ban`).
+pub fn plans_policy(extra: &str) -> String {
+    policy("plans", "fixed_window", 3, "1h", "\"header:x-api-key\"", &format!("on_missing = \"shared\"\n{extra}"))
+        + "[[policies.plans.overrides]]\nwhen = { \"header:x-plan\" = \"gold\" }\nlimit = 10\n"
+        + "[[policies.plans.overrides]]\nwhen = { \"header:x-api-key\" = [\"k-partner-1\", \"k-partner-2\"] }\nlimit = 20\n"
+        + "[[policies.plans.overrides]]\nwhen = { \"client_ip\" = [\"10.0.0.0/8\"] }\nlimit = 50\n"
+}
+
+/// Sends requests with `headers` to `path` until one is rejected (at most `most`), checking
+/// that every admitted one shows `q` in `RateLimit-Policy`; returns how many were admitted.
+pub fn admitted_until_rejected(
+    s: &Sluice,
+    path: &str,
+    headers: &[(&str, &str)],
+    q: u64,
+    most: usize,
+) -> usize {
+    for n in 0..most {
+        let r = s.get_with(path, headers);
+        if r.status != 200 {
+            assert_eq!(r.status, 429, "{headers:?}");
+            return n;
+        }
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some(format!("\"plans\";q={q};w=3600").as_str()),
+            "{headers:?}"
+        );
+    }
+    most
+}
