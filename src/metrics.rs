@@ -8,7 +8,7 @@ use prometheus::{
 use crate::config::{Config, Mode, Policy};
 
 /// Every `decision` label value of `sluice_decisions_total` (`Decision::label`).
-pub const DECISIONS: [&str; 8] = [
+pub const DECISIONS: [&str; 9] = [
     "allowed",
     "rejected",
     "delayed",
@@ -17,6 +17,7 @@ pub const DECISIONS: [&str; 8] = [
     "exempt",
     "error_allowed",
     "error_denied",
+    "banned",
 ];
 
 /// Every `kind` label value of `sluice_backend_errors_total` (`BackendError::kind`).
