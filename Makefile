@@ -10,7 +10,8 @@ CONFIGS  := $(wildcard conf/*.toml)
 
 all: build
 
-# The build needs cmake; the tests need redis-server, redis-cli and faketime (clock skew).
+# The build needs cmake; the tests need redis-server, redis-cli, faketime (clock skew),
+# curl with HTTP/2 and python3's grpc module (tests/grpc.rs: a real gRPC server and client).
 # Installs what is missing with apt when run as root; otherwise says exactly what to install.
 deps:
 	@missing=""; \
@@ -18,6 +19,8 @@ deps:
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
 	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
+	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
+	python3 -c 'import grpc' >/dev/null 2>&1 || missing="$$missing python3-grpcio"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing:$$missing"; \
