@@ -20,7 +20,7 @@ deps:
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
 	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
 	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
-	python3 -c 'import grpc' >/dev/null 2>&1 || missing="$$missing python3-grpcio"; \
+	{ python3 -c 'import grpc' || /usr/bin/python3 -c 'import grpc'; } >/dev/null 2>&1 || missing="$$missing python3-grpcio"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing:$$missing"; \
