@@ -86,7 +86,9 @@ fn calls(target: &str, method: &str, n: usize, who: &str, ca: Option<&Path>) -> 
     if let Some(ca) = ca {
         cmd.arg(ca);
     }
-    let out = cmd.output().expect("python3 is needed: apt-get install python3");
+    let out = cmd
+        .output()
+        .expect("python3 is needed: apt-get install python3");
     assert!(
         out.status.success(),
         "gRPC client failed: {}",
@@ -184,7 +186,11 @@ fn grpc_calls_pass_with_trailers_and_over_the_limit_get_resource_exhausted() {
             );
         }
         for limited in &answers[3..] {
-            assert_eq!(field(limited, "code"), "RESOURCE_EXHAUSTED", "{who}: {limited}");
+            assert_eq!(
+                field(limited, "code"),
+                "RESOURCE_EXHAUSTED",
+                "{who}: {limited}"
+            );
             assert_eq!(field(limited, "details"), "rate limited: calls", "{who}");
             // Trailers-only: the rate-limit headers arrive as trailing metadata.
             let trailers = &limited["trailers"];

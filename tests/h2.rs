@@ -102,7 +102,10 @@ fn curl(url: &str, client: &str, args: &[&str], version: &str) -> Answer {
         .expect("curl with HTTP/2 is needed: apt-get install curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (response, used) = text.rsplit_once('\n').expect("curl output");
-    assert_eq!(used, version, "curl {args:?} {url} used HTTP/{used}: {text}");
+    assert_eq!(
+        used, version,
+        "curl {args:?} {url} used HTTP/{used}: {text}"
+    );
     let (head, body) = response.split_once("\r\n\r\n").expect("a response");
     let mut lines = head.lines();
     let status = lines
@@ -142,9 +145,7 @@ fn h2_streams(addr: SocketAddr, client: &str, n: usize, during: impl FnOnce()) -
         .build()
         .expect("a runtime");
     rt.block_on(async {
-        let tcp = tokio::net::TcpStream::connect(addr)
-            .await
-            .expect("connect");
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let (send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
         let driver = tokio::spawn(connection);
         let mut streams = Vec::new();
@@ -169,9 +170,7 @@ fn h2_streams(addr: SocketAddr, client: &str, n: usize, during: impl FnOnce()) -
                     headers: parts
                         .headers
                         .iter()
-                        .map(|(k, v)| {
-                            (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned())
-                        })
+                        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
                         .collect(),
                     body: String::from_utf8_lossy(&data).into_owned(),
                 }
@@ -218,7 +217,9 @@ fn http2_over_tls_and_h2c_sees_what_http1_sees() {
     );
     assert!(expected[0].contains("\"per_client\";r=1"), "{expected:?}");
     assert!(
-        by_http1[2].body.contains("\"violated-policies\":[\"per_client\"]"),
+        by_http1[2]
+            .body
+            .contains("\"violated-policies\":[\"per_client\"]"),
         "{}",
         by_http1[2].body
     );
@@ -253,11 +254,8 @@ fn http2_over_tls_and_h2c_sees_what_http1_sees() {
 #[test]
 fn two_hundred_streams_on_one_connection_against_a_limit_of_50_admit_exactly_50() {
     let (s, _, _dir) = start(50);
-    let gauge = |protocol: &str| {
-        s.metric(&format!(
-            r#"sluice_connections{{protocol="{protocol}"}}"#
-        ))
-    };
+    let gauge =
+        |protocol: &str| s.metric(&format!(r#"sluice_connections{{protocol="{protocol}"}}"#));
     let mut open = (0.0, 0.0);
     let answers = h2_streams(s.addr, "many", 200, || {
         open = (gauge("h2"), gauge("http1"));
@@ -291,7 +289,15 @@ fn h2c_off_keeps_cleartext_listeners_http1_only() {
     let template = "[server]\nlisten = [\"{listen}\"]\naccess_log = \"off\"\n[admin]\nlisten = \"{admin}\"\n[[routes]]\nname = \"hello\"\npath = \"/hello\"\nrespond = { status = 200, body = \"hello\\n\" }\n";
     let s = Sluice::start(template);
     let out = Command::new("curl")
-        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"])
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+        ])
         .arg("--http2-prior-knowledge")
         .arg(format!("http://{}/hello", s.addr))
         .output()

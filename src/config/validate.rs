@@ -840,7 +840,10 @@ fn upstream(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Optio
     let protocol = t
         .choice(
             "protocol",
-            &[("http1", UpstreamProtocol::Http1), ("h2", UpstreamProtocol::H2)],
+            &[
+                ("http1", UpstreamProtocol::Http1),
+                ("h2", UpstreamProtocol::H2),
+            ],
         )
         .unwrap_or(UpstreamProtocol::Http1);
     let connect_timeout = t

@@ -104,7 +104,9 @@ async fn write_grpc(session: &mut Session, headers: &[(&'static str, String)]) -
         // Pingora's `Session::write_response_header` never sets END_STREAM on h2 (an empty
         // DATA frame ends the stream later, or a reset when the session is dropped after a
         // failure); the h2 session itself can end the stream with the HEADERS frame.
-        pingora::protocols::http::ServerSession::H2(h2) => h2.write_response_header(Box::new(resp), true),
+        pingora::protocols::http::ServerSession::H2(h2) => {
+            h2.write_response_header(Box::new(resp), true)
+        }
         _ => session.write_response_header(Box::new(resp), true).await,
     }
 }

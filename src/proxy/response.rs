@@ -181,7 +181,10 @@ mod tests {
             ("application/json", false),
             ("application/grp", false),
         ] {
-            h.insert(http::header::CONTENT_TYPE, value.parse().expect("header value"));
+            h.insert(
+                http::header::CONTENT_TYPE,
+                value.parse().expect("header value"),
+            );
             assert_eq!(is_grpc(&h), grpc, "{value}");
         }
     }
