@@ -148,6 +148,20 @@ fn h2_streams(addr: SocketAddr, client: &str, n: usize, during: impl FnOnce()) -
         let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let (send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
         let driver = tokio::spawn(connection);
+        // Until the server's SETTINGS arrive the client assumes no stream limit, and streams
+        // beyond the server's (100) would be refused: one answered request first guarantees
+        // they have. It matches no route, so it counts under `unmatched`, not `hello`.
+        let warm_up = ::http::Request::get(format!("http://{addr}/warm-up"))
+            .body(())
+            .expect("a request");
+        let (response, _) = send
+            .clone()
+            .ready()
+            .await
+            .expect("a stream slot")
+            .send_request(warm_up, true)
+            .expect("send");
+        assert_eq!(response.await.expect("a response").status(), 404);
         let mut streams = Vec::new();
         for _ in 0..n {
             let send = send.clone();
@@ -304,4 +318,41 @@ fn h2c_off_keeps_cleartext_listeners_http1_only() {
         .expect("curl with HTTP/2 is needed: apt-get install curl");
     assert_ne!(String::from_utf8_lossy(&out.stdout), "200");
     assert_eq!(s.get("/hello").status, 200);
+}
+
+#[test]
+fn h2c_tells_http1_apart_at_once_and_a_stalled_preface_meets_header_timeout() {
+    let template = "[server]\nlisten = [\"{listen}\"]\nh2c = true\nheader_timeout = \"300ms\"\naccess_log = \"off\"\n[admin]\nlisten = \"{admin}\"\n[[routes]]\nname = \"hello\"\npath = \"/hello\"\nrespond = { status = 200, body = \"hello\\n\" }\n";
+    let s = Sluice::start(template);
+    // Shorter than the 24-byte preface: answered at once, not after a wait for more bytes.
+    let started = std::time::Instant::now();
+    let raw = http::send_raw_within(
+        s.addr,
+        b"GET /hello HTTP/1.0\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .expect("an answer");
+    let answer = String::from_utf8_lossy(&raw);
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
+    // Half a preface, then nothing: closed at header_timeout and counted.
+    let started = std::time::Instant::now();
+    let raw = http::send_raw_within(s.addr, b"PRI * HTTP/2.0\r\n", Duration::from_secs(5))
+        .expect("the connection closes");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}: {}",
+        started.elapsed(),
+        String::from_utf8_lossy(&raw)
+    );
+    assert!(s.wait_for(Duration::from_secs(2), || {
+        s.metric(r#"sluice_connections_rejected_total{reason="header_timeout"}"#) == 1.0
+    }));
 }

@@ -326,7 +326,8 @@ impl ClientConn {
             match read {
                 Ok(Ok(n)) if n > 0 => {}
                 Ok(_) => return None,
-                Err(_) if stash.is_empty() => {
+                // Nothing, or a stalled preface (no HTTP/1 method starts "PRI"): closed.
+                Err(_) if stash.is_empty() || stash.starts_with(b"PRI") => {
                     self.app
                         .metrics
                         .connections_rejected
@@ -334,7 +335,7 @@ impl ClientConn {
                         .inc();
                     return None;
                 }
-                // A partial header: the HTTP/1 path answers 408 (its deadline has passed).
+                // A partial HTTP/1 header: its path answers 408 (the deadline has passed).
                 Err(_) => break false,
             }
         };
