@@ -321,8 +321,8 @@ fn h2c_off_keeps_cleartext_listeners_http1_only() {
 }
 
 #[test]
-fn h2c_tells_http1_apart_at_once_and_a_stalled_preface_meets_header_timeout() {
-    let template = "[server]\nlisten = [\"{listen}\"]\nh2c = true\nheader_timeout = \"300ms\"\naccess_log = \"off\"\n[admin]\nlisten = \"{admin}\"\n[[routes]]\nname = \"hello\"\npath = \"/hello\"\nrespond = { status = 200, body = \"hello\\n\" }\n";
+fn h2c_tells_http1_apart_at_once_a_stalled_preface_meets_header_timeout_and_idle_h2_closes() {
+    let template = "[server]\nlisten = [\"{listen}\"]\nh2c = true\nheader_timeout = \"300ms\"\nidle_timeout = \"500ms\"\naccess_log = \"off\"\n[admin]\nlisten = \"{admin}\"\n[[routes]]\nname = \"hello\"\npath = \"/hello\"\nrespond = { status = 200, body = \"hello\\n\" }\n";
     let s = Sluice::start(template);
     // Shorter than the 24-byte preface: answered at once, not after a wait for more bytes.
     let started = std::time::Instant::now();
@@ -355,4 +355,25 @@ fn h2c_tells_http1_apart_at_once_and_a_stalled_preface_meets_header_timeout() {
     assert!(s.wait_for(Duration::from_secs(2), || {
         s.metric(r#"sluice_connections_rejected_total{reason="header_timeout"}"#) == 1.0
     }));
+    // An HTTP/2 connection without streams is closed after idle_timeout (and not before
+    // header_timeout would have cut an HTTP/1 one: the preface read ends that deadline).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let idle = rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(s.addr)
+            .await
+            .expect("connect");
+        let (_send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        let started = tokio::time::Instant::now();
+        let closed = tokio::time::timeout(Duration::from_secs(3), connection).await;
+        (closed.is_ok(), started.elapsed())
+    });
+    assert!(idle.0, "an idle h2c connection stayed open");
+    assert!(
+        idle.1 >= Duration::from_millis(400),
+        "closed too early: {:?}",
+        idle.1
+    );
 }
