@@ -231,3 +231,41 @@ fn grpc_without_a_route_or_an_upstream_gets_unimplemented_and_unavailable() {
     let ok = calls(&h2c, "/sluice.Echo/Say", 1, "a", None);
     assert_eq!(field(&ok[0], "code"), "OK", "{}", ok[0]);
 }
+
+#[test]
+fn grpc_with_the_limiter_down_and_on_error_deny_gets_unavailable() {
+    // A Redis backend nobody listens on: every decision fails, and the policy fails closed.
+    let template = format!(
+        r#"
+[server]
+listen = ["{{listen}}"]
+h2c = true
+access_log = "off"
+[admin]
+listen = "{{admin}}"
+[limiter]
+backend = "redis"
+url = "redis://127.0.0.1:{redis}"
+on_error = "deny"
+[upstreams.echo]
+servers = ["127.0.0.1:{dead}"]
+protocol = "h2"
+[policies.calls]
+algorithm = "fixed_window"
+limit = 3
+period = "1m"
+key = []
+[[routes]]
+name = "echo"
+path_prefix = "/sluice.Echo/"
+upstream = "echo"
+policies = ["calls"]
+"#,
+        redis = free_port(),
+        dead = free_port(),
+    );
+    let s = Sluice::start(&template);
+    let denied = calls(&s.addr.to_string(), "/sluice.Echo/Say", 1, "a", None);
+    assert_eq!(field(&denied[0], "code"), "UNAVAILABLE", "{}", denied[0]);
+    assert_eq!(field(&denied[0], "details"), "rate limiter unavailable");
+}

@@ -7,6 +7,10 @@
 //! accept, for a new connection), and a keep-alive connection waiting for its next request
 //! is closed after `idle_timeout`. The proxy moves the phase on (`request_started`,
 //! `request_finished`); body reads are bounded by Pingora's own read timeout.
+//!
+//! HTTP/2 (ALPN h2, or with `h2c` a cleartext connection whose first bytes are the HTTP/2
+//! preface, read here under the header deadline) goes to Pingora's own HTTP/2 handling,
+//! bounded by `h2_idle_timeout`; `sluice_connections` counts it under `protocol="h2"`.
 
 use std::collections::HashMap;
 use std::fmt;
