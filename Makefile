@@ -11,8 +11,9 @@ CONFIGS  := $(wildcard conf/*.toml)
 all: build
 
 # The build needs cmake; the tests need redis-server, redis-cli, faketime (clock skew),
-# prometheus (the server and promtool: the dashboard and alerts are checked in a real one)
-# and python3-websockets (the WebSocket upstream of tests/websocket.rs, for Debian's python3).
+# prometheus (the server and promtool: the dashboard and alerts are checked in a real one),
+# python3-websockets (the WebSocket upstream of tests/websocket.rs, for Debian's python3),
+# curl with HTTP/2 and python3's grpc module (tests/grpc.rs: a real gRPC server and client).
 # Installs what is missing with apt when run as root; otherwise says exactly what to install.
 deps:
 	@missing=""; \
@@ -23,6 +24,8 @@ deps:
 	{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	/usr/bin/python3 -c 'import websockets' >/dev/null 2>&1 || \
 	  python3 -c 'import websockets' >/dev/null 2>&1 || missing="$$missing python3-websockets"; \
+	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
+	{ python3 -c 'import grpc' || /usr/bin/python3 -c 'import grpc'; } >/dev/null 2>&1 || missing="$$missing python3-grpcio"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing:$$missing"; \

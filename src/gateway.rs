@@ -102,6 +102,9 @@ impl App {
         {
             log::warn!("listener addresses changed: they take effect on restart, not reload");
         }
+        if config.server.h2c != old.config.server.h2c {
+            log::warn!("[server] h2c changed: it takes effect on restart, not reload");
+        }
         if config.tls.client_auth != old.config.tls.client_auth
             || config.tls.client_ca != old.config.tls.client_ca
         {

@@ -189,8 +189,8 @@ impl Metrics {
             http_requests: counter(
                 &r,
                 "sluice_http_requests_total",
-                "HTTP requests answered",
-                &["route", "status"],
+                "HTTP requests answered, by client protocol (http1 | h2)",
+                &["protocol", "route", "status"],
             ),
             http_duration: histogram(
                 &r,

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use pingora::apps::HttpServerOptions;
 use pingora::listeners::ListenerConfig;
 use pingora::protocols::l4::stream::L4BufferSettings;
 use pingora::server::configuration::ServerConf;
@@ -68,11 +69,15 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
+    let mut http = pingora::proxy::http_proxy(&server.configuration, Proxy { app: app.clone() });
+    let mut options = HttpServerOptions::default();
+    // Prior-knowledge HTTP/2 on cleartext listeners; `Edge` tells the two apart by the preface.
+    options.h2c = config.server.h2c;
+    // An HTTP/2 connection with no stream open is idle, as a keep-alive HTTP/1.1 one is.
+    options.h2_idle_timeout = Some(config.server.idle_timeout);
+    http.server_options = Some(options);
     let edge = Edge {
-        proxy: Arc::new(pingora::proxy::http_proxy(
-            &server.configuration,
-            Proxy { app: app.clone() },
-        )),
+        proxy: Arc::new(http),
         app: app.clone(),
         per_ip: Arc::default(),
     };

@@ -144,6 +144,15 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "http2.toml",
+        &[
+            "2:1: `tls_listen` needs at least one [[certificates]] entry",
+            "3:1: `h2c` applies to cleartext listeners: it needs an address in `listen`",
+            "6:12: `protocol`: unknown value \"h3\" (expected one of: http1, h2)",
+            "9:12: `protocol` must be a string, found an integer",
+        ],
+    ),
+    (
         "tls_settings.toml",
         &[
             "2:1: `tls_listen` needs at least one [[certificates]] entry",

@@ -73,15 +73,15 @@ upstream = "a"
     assert_eq!(hello.header("content-type"), Some("text/x-hi"));
     assert_eq!(body("/nope", "localhost").status, 404);
     assert_eq!(
-        s.metric(r#"sluice_http_requests_total{route="unmatched",status="404"}"#),
+        s.metric(r#"sluice_http_requests_total{protocol="http1",route="unmatched",status="404"}"#),
         2.0
     );
     assert_eq!(
-        s.metric(r#"sluice_http_requests_total{route="hello",status="201"}"#),
+        s.metric(r#"sluice_http_requests_total{protocol="http1",route="hello",status="201"}"#),
         1.0
     );
     assert_eq!(
-        s.metric(r#"sluice_http_requests_total{route="v1",status="200"}"#),
+        s.metric(r#"sluice_http_requests_total{protocol="http1",route="v1",status="200"}"#),
         2.0
     );
 }
@@ -171,7 +171,7 @@ fn a_dead_upstream_gives_502_quickly() {
         started.elapsed()
     );
     assert_eq!(
-        s.metric(r#"sluice_http_requests_total{route="all",status="502"}"#),
+        s.metric(r#"sluice_http_requests_total{protocol="http1",route="all",status="502"}"#),
         1.0
     );
 }

@@ -57,6 +57,8 @@ pub struct Server {
     pub max_request_body: u64,
     /// Open client connections one address may hold; 0 = unlimited.
     pub max_connections_per_ip: u32,
+    /// Cleartext listeners also accept prior-knowledge HTTP/2 (read at start-up).
+    pub h2c: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +157,14 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
     pub health_interval: Option<Duration>,
+    pub protocol: UpstreamProtocol,
+}
+
+/// What an upstream speaks: HTTP/2 is over TLS with ALPN, or prior-knowledge h2c without.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    Http1,
+    H2,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

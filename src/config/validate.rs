@@ -612,6 +612,13 @@ fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
     let max_connections_per_ip = t
         .int("max_connections_per_ip", 0..=i64::from(u32::MAX))
         .map_or(0, |n| n.value as u32);
+    let h2c = t.bool("h2c").unwrap_or(false);
+    if h2c && !has_plain {
+        p.at(
+            &t.key_span("h2c"),
+            "`h2c` applies to cleartext listeners: it needs an address in `listen`",
+        );
+    }
     t.finish();
     Some(Server {
         listen,
@@ -627,6 +634,7 @@ fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
         idle_timeout,
         max_request_body,
         max_connections_per_ip,
+        h2c,
     })
 }
 
@@ -829,6 +837,15 @@ fn upstream(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Optio
         .unwrap_or(Balance::RoundRobin);
     let tls = t.bool("tls").unwrap_or(false);
     let sni = t.string("sni").map(|s| s.value).unwrap_or_default();
+    let protocol = t
+        .choice(
+            "protocol",
+            &[
+                ("http1", UpstreamProtocol::Http1),
+                ("h2", UpstreamProtocol::H2),
+            ],
+        )
+        .unwrap_or(UpstreamProtocol::Http1);
     let connect_timeout = t
         .duration("connect_timeout")
         .map_or(Duration::from_secs(2), |d| d.value);
@@ -862,6 +879,7 @@ fn upstream(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Optio
         connect_timeout,
         read_timeout,
         health_interval,
+        protocol,
     })
 }
 

@@ -7,6 +7,10 @@
 //! accept, for a new connection), and a keep-alive connection waiting for its next request
 //! is closed after `idle_timeout`. The proxy moves the phase on (`request_started`,
 //! `request_finished`); body reads are bounded by Pingora's own read timeout.
+//!
+//! HTTP/2 (ALPN h2, or with `h2c` a cleartext connection whose first bytes are the HTTP/2
+//! preface, read here under the header deadline) goes to Pingora's own HTTP/2 handling,
+//! bounded by `h2_idle_timeout`; `sluice_connections` counts it under `protocol="h2"`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -86,18 +90,29 @@ impl ServerApp for Edge {
                 slot,
             )
         };
-        if conn.phase.load(Ordering::Relaxed) == OFF
-            || self.proxy.server_options.as_ref().is_some_and(|o| o.h2c)
-        {
-            return ServerApp::process_new(&self.proxy, Box::new(conn), shutdown).await;
+        let mut conn = Box::new(conn);
+        let h2c = self.proxy.server_options.as_ref().is_some_and(|o| o.h2c);
+        if h2c && conn.phase.load(Ordering::Relaxed) == HEADER {
+            // Cleartext with h2c on: the client's first bytes say which protocol it speaks.
+            match conn.read_h2_preface(shutdown).await {
+                None => return None,
+                Some(true) => conn.become_h2(),
+                Some(false) => {}
+            }
+        }
+        if conn.phase.load(Ordering::Relaxed) == OFF {
+            // HTTP/2 (ALPN h2, or the h2c preface): Pingora's own connection handling.
+            return ServerApp::process_new(&self.proxy, conn, shutdown).await;
         }
         // HTTP/1.x: Pingora's own keep-alive loop, except that the wait for each request's
         // first bytes happens here, in a small future, rather than inside Pingora's request
         // future, which is much larger: an idle connection then costs a few KiB.
-        let mut conn = Box::new(conn);
         let mut settings: Option<HttpPersistentSettings> = None;
         loop {
-            if conn.next_request_unread() && !conn.wait_for_request(shutdown).await {
+            if conn.stash.is_empty()
+                && conn.next_request_unread()
+                && !conn.wait_for_request(shutdown).await
+            {
                 return None;
             }
             let mut session = ServerSession::new_http1(conn);
@@ -164,12 +179,16 @@ impl Drop for IpSlot {
 const HEADER: u8 = 0;
 const BUSY: u8 = 1;
 const IDLE: u8 = 2;
-/// No deadlines: HTTP/2 (streams are bounded by the h2 idle timeout and read timeouts).
+/// No deadlines: HTTP/2 (streams are bounded by `h2_idle_timeout` = `idle_timeout`, and
+/// read timeouts).
 const OFF: u8 = 3;
 
 /// Read-ahead for a request's first bytes: API requests fit in one read of this; longer
 /// headers are read on by Pingora. Allocated while idle, so kept small.
 const STASH_SIZE: usize = 1024;
+
+/// What a prior-knowledge HTTP/2 client sends first (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 const RESPONSE_408: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
@@ -287,6 +306,56 @@ impl ClientConn {
                 false
             }
         }
+    }
+
+    /// Reads the client's first bytes, within the header deadline, until they show whether
+    /// they are the HTTP/2 preface; they are kept for the parser. Pingora's own check reads
+    /// the preface's 24 bytes without a deadline, which a short or trickled HTTP/1 request
+    /// would stall; here any byte that differs decides at once. `None`: close the connection.
+    async fn read_h2_preface(&mut self, shutdown: &ShutdownWatch) -> Option<bool> {
+        let deadline = self.deadline.deadline();
+        let mut stopping = shutdown.clone();
+        let mut stash = Vec::with_capacity(STASH_SIZE);
+        let h2 = loop {
+            let n = stash.len().min(H2_PREFACE.len());
+            if stash[..n] != H2_PREFACE[..n] {
+                break false;
+            }
+            if n == H2_PREFACE.len() {
+                break true;
+            }
+            let read = tokio::select! {
+                read = tokio::time::timeout_at(deadline, self.inner.read_buf(&mut stash)) => read,
+                _ = stopping.changed() => return None,
+            };
+            match read {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(_) => return None,
+                // Nothing, or a stalled preface (no HTTP/1 method starts "PRI"): closed.
+                Err(_) if stash.is_empty() || stash.starts_with(b"PRI") => {
+                    self.app
+                        .metrics
+                        .connections_rejected
+                        .with_label_values(&["header_timeout"])
+                        .inc();
+                    return None;
+                }
+                // A partial HTTP/1 header: its path answers 408 (the deadline has passed).
+                Err(_) => break false,
+            }
+        };
+        self.header_started = true;
+        self.stash = stash;
+        Some(h2)
+    }
+
+    /// The connection turned out to be prior-knowledge HTTP/2 (h2c): no HTTP/1 deadlines,
+    /// and counted under `protocol="h2"`.
+    fn become_h2(&mut self) {
+        self.open.dec();
+        self.open = self.app.metrics.connections.with_label_values(&["h2"]);
+        self.open.inc();
+        self.phase.store(OFF, Ordering::Relaxed);
     }
 
     /// The request header is complete: no deadline until the response is done.
@@ -508,6 +577,15 @@ impl GetSocketDigest for ClientConn {
 #[async_trait]
 impl Peek for ClientConn {
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        let rest = &self.stash[self.stash_read..];
+        if rest.len() >= buf.len() {
+            buf.copy_from_slice(&rest[..buf.len()]);
+            return Ok(true);
+        }
+        if !rest.is_empty() {
+            // A peek cannot span the stash and the socket: report peeking unsupported.
+            return Ok(false);
+        }
         self.inner.try_peek(buf).await
     }
 }

@@ -12,15 +12,20 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
+use pingora::protocols::ALPN;
 use pingora::proxy::FailToProxy;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 
-use crate::config::{AccessLog, Target};
+use crate::config::{AccessLog, Target, UpstreamProtocol};
 use crate::gateway::{App, Gateway};
 use crate::key::{self, RequestFacts};
 use crate::limiter::{Lease, PolicyOutcome};
 use crate::routing::{self, UNMATCHED};
 use connection::ClientConn;
+
+/// Concurrent requests multiplexed on one HTTP/2 connection to an upstream before another
+/// is opened (Pingora's default is 1, which would make h2 upstreams one connection per stream).
+const H2_STREAMS_PER_UPSTREAM_CONNECTION: usize = 100;
 
 pub struct Proxy {
     pub app: Arc<App>,
@@ -80,6 +85,30 @@ async fn write_response(
         session.write_response_body(Some(body), true).await?;
     }
     Ok(())
+}
+
+/// A gRPC answer of sluice's own (DESIGN §8): HTTP 200, trailers-only. `headers` carry
+/// `grpc-status`, `grpc-message` and the rate-limit headers, all in one HEADERS frame
+/// with END_STREAM.
+async fn write_grpc(session: &mut Session, headers: &[(&'static str, String)]) -> Result<()> {
+    let mut resp = ResponseHeader::build(200, Some(headers.len() + 2))?;
+    resp.insert_header("Content-Type", response::GRPC)?;
+    if !session.is_http2() {
+        // HTTP/1.1 has no trailers-only form; this at least ends the response cleanly.
+        resp.insert_header("Content-Length", "0")?;
+    }
+    for (name, value) in headers {
+        resp.insert_header(*name, value.as_str())?;
+    }
+    match session.as_downstream_mut() {
+        // Pingora's `Session::write_response_header` never sets END_STREAM on h2 (an empty
+        // DATA frame ends the stream later, or a reset when the session is dropped after a
+        // failure); the h2 session itself can end the stream with the HEADERS frame.
+        pingora::protocols::http::ServerSession::H2(h2) => {
+            h2.write_response_header(Box::new(resp), true)
+        }
+        _ => session.write_response_header(Box::new(resp), true).await,
+    }
 }
 
 #[async_trait]
@@ -158,7 +187,13 @@ impl ProxyHttp for Proxy {
             &config.server.trusted_proxies,
         );
 
+        let grpc = response::is_grpc(&req.headers);
         let Some(route_id) = routing::match_route(&config.routes, &host, &path, &method) else {
+            if grpc {
+                let status = response::grpc_status(response::GrpcStatus::Unimplemented, "no route");
+                write_grpc(session, &status).await?;
+                return Ok(true);
+            }
             write_response(
                 session,
                 404,
@@ -210,6 +245,12 @@ impl ProxyHttp for Proxy {
         ctx.decisions = outcome.policies;
         ctx._leases = outcome.leases;
         if let Some(denial) = &outcome.denial {
+            if grpc {
+                let mut headers = response::grpc_denial(denial);
+                headers.extend(ctx.rate_headers.iter().cloned());
+                write_grpc(session, &headers).await?;
+                return Ok(true);
+            }
             let (status, extra, body) = response::denial(denial);
             let mut headers = ctx.rate_headers.clone();
             headers.extend(extra);
@@ -272,6 +313,12 @@ impl ProxyHttp for Proxy {
             cfg.sni.clone()
         };
         let mut peer = HttpPeer::new(server.addr, cfg.tls, sni);
+        if cfg.protocol == UpstreamProtocol::H2 {
+            // HTTP/2 only: ALPN h2 over TLS; without TLS, Pingora's connector speaks
+            // prior-knowledge h2c to a peer whose lowest version is 2.
+            peer.options.alpn = ALPN::H2;
+            peer.options.max_h2_streams = H2_STREAMS_PER_UPSTREAM_CONNECTION;
+        }
         peer.options.connection_timeout = Some(cfg.connect_timeout);
         peer.options.total_connection_timeout = Some(cfg.connect_timeout);
         peer.options.read_timeout = Some(cfg.read_timeout);
@@ -323,7 +370,15 @@ impl ProxyHttp for Proxy {
             (ErrorSource::Downstream, _) => 400,
             _ => 500,
         };
-        if code > 0 {
+        let grpc = response::is_grpc(&session.req_header().headers);
+        if grpc && code >= 500 && session.response_written().is_none() {
+            // The upstream could not be reached or failed before answering.
+            let status =
+                response::grpc_status(response::GrpcStatus::Unavailable, "upstream unavailable");
+            if let Err(e) = write_grpc(session, &status).await {
+                log::debug!("could not answer gRPC {code}: {e}");
+            }
+        } else if code > 0 {
             let answer = match code {
                 408 => Some(response::problem(
                     408,
@@ -424,8 +479,9 @@ impl ProxyHttp for Proxy {
         let route = ctx.route_name().to_owned();
         let elapsed = ctx.started.elapsed();
         let m = &self.app.metrics;
+        let protocol = if session.is_http2() { "h2" } else { "http1" };
         m.http_requests
-            .with_label_values(&[&route, &status.to_string()])
+            .with_label_values(&[protocol, &route, &status.to_string()])
             .inc();
         m.http_duration
             .with_label_values(&[&route])
@@ -520,6 +576,7 @@ fn access_log(
         AccessLog::Json => serde_json::json!({
             "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
             "client_ip": ctx.client_ip.to_string(),
+            "protocol": if session.is_http2() { "h2" } else { "http1" },
             "method": req.method.as_str(),
             "path": req.uri.path(),
             "route": route,

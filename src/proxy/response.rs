@@ -1,4 +1,5 @@
-//! What sluice writes itself: rate-limit headers, 429/503 problem bodies, `respond` routes.
+//! What sluice writes itself: rate-limit headers, 429/503 problem bodies, `respond` routes,
+//! and the trailers-only answers gRPC clients get instead (DESIGN §8).
 
 use std::fmt::Write;
 
@@ -7,6 +8,66 @@ use crate::limiter::algorithm::Verdict;
 use crate::limiter::{Decision, Denial, PolicyOutcome};
 
 pub const PROBLEM: &str = "application/problem+json";
+pub const GRPC: &str = "application/grpc";
+
+/// The gRPC status codes sluice answers with itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrpcStatus {
+    ResourceExhausted = 8,
+    Unimplemented = 12,
+    Unavailable = 14,
+}
+
+/// Whether a request is gRPC (`content-type: application/grpc`, `application/grpc+proto`...):
+/// its client reads `grpc-status`, never the HTTP status.
+pub fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.len() >= GRPC.len() && v[..GRPC.len()].eq_ignore_ascii_case(GRPC))
+}
+
+/// The `grpc-status` and `grpc-message` of a trailers-only answer: sent in the response
+/// HEADERS frame, with END_STREAM and HTTP status 200.
+pub fn grpc_status(status: GrpcStatus, message: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("grpc-status", (status as u8).to_string()),
+        ("grpc-message", grpc_percent_encode(message)),
+    ]
+}
+
+/// gRPC's `grpc-message` encoding: bytes outside printable ASCII, and `%`, as %XX.
+fn grpc_percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// The gRPC answer for a denied request, with its extra headers (`Retry-After`).
+pub fn grpc_denial(denial: &Denial) -> Vec<(&'static str, String)> {
+    match denial {
+        Denial::Limited {
+            retry_after_ms,
+            violated,
+            ..
+        } => {
+            let names: Vec<&str> = violated.iter().map(|n| n.as_str()).collect();
+            let mut headers = grpc_status(
+                GrpcStatus::ResourceExhausted,
+                &format!("rate limited: {}", names.join(", ")),
+            );
+            headers.push(("Retry-After", secs_up(*retry_after_ms).max(1).to_string()));
+            headers
+        }
+        Denial::BackendDown => grpc_status(GrpcStatus::Unavailable, "rate limiter unavailable"),
+    }
+}
 
 /// An `application/problem+json` body for answers sluice makes itself.
 pub fn problem(status: u16, title: &str, detail: &str) -> String {
@@ -112,5 +173,63 @@ pub fn denial(denial: &Denial) -> (u16, Vec<(&'static str, String)>, String) {
             Vec::new(),
             "{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"rate limiter backend unavailable\"}".to_owned(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_is_recognised_by_content_type_prefix() {
+        let mut h = http::HeaderMap::new();
+        assert!(!is_grpc(&h));
+        for (value, grpc) in [
+            ("application/grpc", true),
+            ("application/grpc+proto", true),
+            ("Application/GRPC", true),
+            ("application/json", false),
+            ("application/grp", false),
+        ] {
+            h.insert(
+                http::header::CONTENT_TYPE,
+                value.parse().expect("header value"),
+            );
+            assert_eq!(is_grpc(&h), grpc, "{value}");
+        }
+    }
+
+    #[test]
+    fn grpc_denials_follow_the_design_table() {
+        let limited = Denial::Limited {
+            status: 429,
+            retry_after_ms: 1500,
+            violated: vec!["per_ip".into(), "per_key".into()],
+        };
+        assert_eq!(
+            grpc_denial(&limited),
+            vec![
+                ("grpc-status", "8".to_owned()),
+                ("grpc-message", "rate limited: per_ip, per_key".to_owned()),
+                ("Retry-After", "2".to_owned()),
+            ]
+        );
+        assert_eq!(
+            grpc_denial(&Denial::BackendDown),
+            vec![
+                ("grpc-status", "14".to_owned()),
+                ("grpc-message", "rate limiter unavailable".to_owned()),
+            ]
+        );
+        assert_eq!(
+            grpc_status(GrpcStatus::Unimplemented, "no route")[0].1,
+            "12"
+        );
+    }
+
+    #[test]
+    fn grpc_message_is_percent_encoded() {
+        assert_eq!(grpc_percent_encode("a b:c"), "a b:c");
+        assert_eq!(grpc_percent_encode("100%\né"), "100%25%0A%C3%A9");
     }
 }
