@@ -154,7 +154,7 @@ impl Sluice {
         http::get(self.admin, "/metrics", &[]).body
     }
 
-    /// The value of one sample line of /metrics, e.g. `metric(r#"sluice_http_requests_total{route="a",status="200"}"#)`.
+    /// The value of one sample line of /metrics, e.g. `metric(r#"sluice_http_requests_total{protocol="http1",route="a",status="200"}"#)`.
     /// Label order is as the prometheus crate writes it (alphabetical).
     pub fn metric(&self, sample: &str) -> f64 {
         self.metrics()
