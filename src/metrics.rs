@@ -20,6 +20,7 @@ pub struct Metrics {
     pub connections: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
     pub tls_certificate_expiry: IntGaugeVec,
+    pub upstream_health: IntGaugeVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -101,6 +102,16 @@ impl Metrics {
         .expect("valid gauge");
         r.register(Box::new(expiry.clone()))
             .expect("unique metric name");
+        let upstream_health = IntGaugeVec::new(
+            Opts::new(
+                "sluice_upstream_health",
+                "1 when an upstream server is healthy (active and passive checks), 0 when it is down",
+            ),
+            &["upstream", "server"],
+        )
+        .expect("valid gauge");
+        r.register(Box::new(upstream_health.clone()))
+            .expect("unique metric name");
         Metrics {
             http_requests: counter(
                 &r,
@@ -158,6 +169,7 @@ impl Metrics {
             connections,
             connections_rejected,
             tls_certificate_expiry: expiry,
+            upstream_health,
             registry: r,
         }
     }
