@@ -845,7 +845,7 @@ fn upstream(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Optio
     }
     let health_check = t
         .get("health_check")
-        .and_then(|node| health_check(p, node, connect_timeout));
+        .and_then(|node| health_check(p, &name.value, node, connect_timeout));
     let max_fails = t
         .int("max_fails", 1..=i64::MAX)
         .map_or(1, |n| u32::try_from(n.value).unwrap_or(u32::MAX));
@@ -869,10 +869,15 @@ fn upstream(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Optio
 /// `connect_timeout` and `interval`.
 fn health_check(
     p: &Problems,
+    upstream: &str,
     node: &Spanned<Node>,
     connect_timeout: Duration,
 ) -> Option<HealthCheck> {
-    let h = Table::new(p, "`health_check`", node)?;
+    let h = Table::new(
+        p,
+        &format!("`health_check` of [upstreams.{upstream}]"),
+        node,
+    )?;
     let interval = h.required("interval").and_then(|_| h.duration("interval"));
     if interval.as_ref().is_some_and(|d| d.value.is_zero()) {
         p.at(&h.key_span("interval"), "`interval` must be at least 1ms");
