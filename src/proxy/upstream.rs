@@ -169,6 +169,10 @@ impl Pool {
         }
     }
 
+    fn name_of(&self, server: &Server) -> String {
+        format!("upstream {} server {}", self.config.name, server.name)
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.born.elapsed().as_millis())
             .unwrap_or(u64::MAX)
@@ -207,9 +211,8 @@ impl Pool {
         let until = now.saturating_add(u64::try_from(out_for.as_millis()).unwrap_or(u64::MAX));
         server.out_until_ms.store(until, Ordering::Relaxed);
         log::warn!(
-            "upstream {} server {} is out for {out_for:?} after {fails} failures",
-            self.config.name,
-            server.name
+            "{} is out for {out_for:?} after {fails} failures",
+            self.name_of(server)
         );
         self.publish(server);
         // The gauge says when it is tried again; this timer ends with `fail_timeout`.
@@ -244,15 +247,13 @@ impl Pool {
     async fn check_once(&self) {
         self.backends().run_health_check(true).await;
         for s in &self.servers {
+            // Pingora logs a server going down as a warning, with the check's error, and
+            // its recovery at info, which sluice's default filter hides: say it here.
             let up = self.backends().ready(&s.backend);
-            if s.checked_up.swap(up, Ordering::Relaxed) != up {
-                log::warn!(
-                    "upstream {} server {} is {} (health check)",
-                    self.config.name,
-                    s.name,
-                    if up { "up" } else { "down" }
-                );
+            if up && !s.checked_up.swap(up, Ordering::Relaxed) {
+                log::info!("{} passes its health check again", self.name_of(s));
             }
+            s.checked_up.store(up, Ordering::Relaxed);
             self.publish(s);
         }
     }
@@ -283,6 +284,8 @@ where
 struct Probe {
     checks: Vec<(SocketAddr, Box<dyn health_check::HealthCheck + Send + Sync>)>,
     timeout: Duration,
+    /// "upstream NAME server HOST:PORT" per address: what Pingora's log of a flip names.
+    names: Vec<(SocketAddr, String)>,
 }
 
 fn probe(
@@ -305,9 +308,19 @@ fn probe(
             (s.addr, check)
         })
         .collect();
+    let names = servers
+        .iter()
+        .map(|s| {
+            (
+                s.addr,
+                format!("upstream {} server {}", config.name, s.name),
+            )
+        })
+        .collect();
     Box::new(Probe {
         checks,
         timeout: hc.timeout,
+        names,
     })
 }
 
@@ -371,6 +384,13 @@ impl health_check::HealthCheck for Probe {
 
     fn health_threshold(&self, _success: bool) -> usize {
         1
+    }
+
+    fn backend_summary(&self, target: &Backend) -> String {
+        let name = target
+            .as_inet()
+            .and_then(|addr| self.names.iter().find(|(a, _)| a == addr));
+        name.map_or_else(|| format!("{target:?}"), |(_, n)| n.clone())
     }
 }
 
