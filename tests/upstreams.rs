@@ -190,3 +190,26 @@ fn with_hash_a_server_leaving_moves_only_its_own_clients() {
     assert_eq!(health(&s, addrs[1]), None, "{}", s.metrics());
     assert_eq!(health(&s, addrs[0]), Some(1.0));
 }
+
+#[test]
+fn reloads_do_not_leave_old_health_checks_running() {
+    let a = Upstream::start("a");
+    let template = config(&format!(
+        "{}\nhealth_check = {{ interval = \"100ms\", path = \"/healthz\" }}",
+        servers(&[a.addr])
+    ));
+    let s = Sluice::start(&template);
+    for n in 1..=5 {
+        s.reload(&template);
+        assert!(s.wait_for(Duration::from_secs(5), || {
+            s.metric("sluice_config_reloads_total{result=\"success\"}") == f64::from(n)
+        }));
+    }
+    // One pool is checked every 100ms; six would be if the replaced ones kept going.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = a.health_checks.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_secs(1));
+    let checks = a.health_checks.load(Ordering::SeqCst) - before;
+    assert!((5..=13).contains(&checks), "{checks} health checks in 1s");
+    assert_eq!(health(&s, a.addr), Some(1.0));
+}

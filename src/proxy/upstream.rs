@@ -544,6 +544,36 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn a_health_check_ends_when_its_pool_is_retired_or_dropped() {
+        let mut config = upstream(Balance::RoundRobin, &["127.0.0.1:1"], 1);
+        let interval = Duration::from_millis(10);
+        config.health_check = Some(crate::config::HealthCheck {
+            interval,
+            path: None,
+            timeout: interval,
+        });
+        let metrics = Metrics::new();
+        let ends = |task: tokio::task::JoinHandle<()>| async move {
+            tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_ok()
+        };
+        let pool = Arc::new(Pool::resolve(&config, &metrics).await.expect("pool"));
+        let task = tokio::spawn(health_check(Arc::downgrade(&pool), interval));
+        tokio::time::sleep(5 * interval).await;
+        assert!(!task.is_finished());
+        // A reload retires it (an in-flight request may still hold the old pool)...
+        hand_over(&[pool.clone()], &[], &metrics);
+        assert!(ends(task).await, "still checking after the reload");
+        // ...and a pool that is dropped ends its check as well.
+        let pool = Arc::new(Pool::resolve(&config, &metrics).await.expect("pool"));
+        let task = tokio::spawn(health_check(Arc::downgrade(&pool), interval));
+        tokio::time::sleep(5 * interval).await;
+        drop(pool);
+        assert!(ends(task).await, "still checking a dropped pool");
+    }
+
     /// The per-request cost of choosing a server through Pingora's selectors, next to the
     /// hand-written pick this module had before (a Vec of healthy servers, blake3 of the IP).
     #[tokio::test]

@@ -128,6 +128,8 @@ pub struct Upstream {
     pub addr: SocketAddr,
     pub hits: Arc<AtomicUsize>,
     pub health: Arc<AtomicU16>,
+    /// `GET /healthz` requests answered.
+    pub health_checks: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
 }
 
@@ -152,8 +154,10 @@ impl Upstream {
         let addr = listener.local_addr().expect("upstream address");
         let hits = Arc::new(AtomicUsize::new(0));
         let health = Arc::new(AtomicU16::new(200));
+        let health_checks = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (name, h, hs, st) = (name.to_owned(), hits.clone(), health.clone(), stop.clone());
+        let (name, h, st) = (name.to_owned(), hits.clone(), stop.clone());
+        let hs = (health.clone(), health_checks.clone());
         thread::spawn(move || {
             for conn in listener.incoming() {
                 if st.load(Ordering::SeqCst) {
@@ -168,6 +172,7 @@ impl Upstream {
             addr,
             hits,
             health,
+            health_checks,
             stop,
         }
     }
@@ -184,7 +189,13 @@ impl Drop for Upstream {
     }
 }
 
-fn serve(conn: TcpStream, name: &str, hits: &AtomicUsize, health: &AtomicU16, delay: Duration) {
+fn serve(
+    conn: TcpStream,
+    name: &str,
+    hits: &AtomicUsize,
+    (health, checks): &(Arc<AtomicU16>, Arc<AtomicUsize>),
+    delay: Duration,
+) {
     let mut reader = BufReader::new(conn.try_clone().expect("clone stream"));
     let mut conn = conn;
     loop {
@@ -219,6 +230,7 @@ fn serve(conn: TcpStream, name: &str, hits: &AtomicUsize, health: &AtomicU16, de
             return;
         }
         if target == "/healthz" {
+            checks.fetch_add(1, Ordering::SeqCst);
             let status = health.load(Ordering::SeqCst);
             let resp = format!("HTTP/1.1 {status} Health\r\nContent-Length: 0\r\n\r\n");
             if conn.write_all(resp.as_bytes()).is_err() {
