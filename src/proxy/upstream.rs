@@ -564,7 +564,7 @@ mod tests {
         tokio::time::sleep(5 * interval).await;
         assert!(!task.is_finished());
         // A reload retires it (an in-flight request may still hold the old pool)...
-        hand_over(&[pool.clone()], &[], &metrics);
+        hand_over(std::slice::from_ref(&pool), &[], &metrics);
         assert!(ends(task).await, "still checking after the reload");
         // ...and a pool that is dropped ends its check as well.
         let pool = Arc::new(Pool::resolve(&config, &metrics).await.expect("pool"));
