@@ -5,7 +5,8 @@
 //! - `routing`: which route a request belongs to.
 //! - `key`: the client IP and the rate key of a policy for a request.
 //! - `limiter`: deciding a route's policies together; `memory` and `redis` backends only store.
-//! - `proxy`: the Pingora proxy phases; `upstream` pools and health checks; responses.
+//! - `proxy`: the Pingora proxy phases; `upstream` pools (pingora::lb selection, active and
+//!   passive health); responses.
 //! - `gateway`: the state built from one config, swapped whole on reload.
 //! - `tls`: TLS termination: certificates by SNI, client certificates, reload.
 //! - `admin`: /metrics, /healthz, /readyz. `metrics`: every metric family.
