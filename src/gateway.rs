@@ -10,7 +10,7 @@ use crate::config::{self, Config};
 use crate::limiter::clock::Clock;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::proxy::upstream::{spawn_health_checks, Pool};
+use crate::proxy::upstream::{self, spawn_health_checks, Pool};
 use crate::tls::Certificates;
 
 pub struct Gateway {
@@ -34,7 +34,7 @@ impl Gateway {
     ) -> Result<Gateway, String> {
         let mut pools = Vec::with_capacity(config.upstreams.len());
         for upstream in &config.upstreams {
-            pools.push(Arc::new(Pool::resolve(upstream).await?));
+            pools.push(Arc::new(Pool::resolve(upstream, &metrics).await?));
         }
         let previous_policies = previous.map_or(&[][..], |p| &p.config.policies[..]);
         let limiter = Limiter::new(
@@ -46,6 +46,8 @@ impl Gateway {
         )
         .await
         .map_err(|e| format!("limiter backend: {e}"))?;
+        // After everything that can fail: the old pools stop checking and writing gauges.
+        upstream::hand_over(previous.map_or(&[][..], |p| &p.pools[..]), &pools, &metrics);
         spawn_health_checks(&pools);
         // Last, after everything that can fail: new handshakes get these certificates now.
         let tls = match previous {

@@ -6,7 +6,8 @@
 //! - `key`: the client IP and the rate key of a policy for a request.
 //! - `limiter`: deciding a route's policies together; `memory` and `redis` backends only store.
 //! - `proxy`: the Pingora proxy phases; `connection` bounds each client connection
-//!   (deadlines, per-address cap); `upstream` pools and health checks; responses.
+//!   (deadlines, per-address cap); `upstream` pools (pingora::lb selection, active and
+//!   passive health); responses.
 //! - `gateway`: the state built from one config, swapped whole on reload.
 //! - `tls`: TLS termination: certificates by SNI, client certificates, reload.
 //! - `admin`: /metrics, /healthz, /readyz. `metrics`: every metric family.

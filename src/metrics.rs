@@ -46,6 +46,7 @@ pub struct Metrics {
     pub memory_evictions: IntCounter,
     pub deny_cache_entries: IntGauge,
     pub policy_info: IntGaugeVec,
+    pub upstream_health: IntGaugeVec,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -185,6 +186,16 @@ impl Metrics {
         for result in ["success", "failure"] {
             config_reloads.with_label_values(&[result]).reset();
         }
+        let upstream_health = IntGaugeVec::new(
+            Opts::new(
+                "sluice_upstream_health",
+                "1 when an upstream server is healthy (active and passive checks), 0 when it is down",
+            ),
+            &["upstream", "server"],
+        )
+        .expect("valid gauge");
+        r.register(Box::new(upstream_health.clone()))
+            .expect("unique metric name");
         Metrics {
             http_requests: counter(
                 &r,
@@ -260,6 +271,7 @@ impl Metrics {
                 )
                 .expect("valid gauge"),
             ),
+            upstream_health,
             registry: r,
         }
     }

@@ -181,6 +181,21 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "upstream_health.toml",
+        &[
+            "5:42: `path`: bad health check path \"healthz\" (expected a path starting with '/', e.g. \"/healthz\")",
+            "5:63: `timeout`: bad duration \"1 s\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\", \"1m\")",
+            "5:70: unknown key `method` in `health_check` of [upstreams.a]",
+            "6:13: `max_fails` must be at least 1, found 0",
+            "7:16: `fail_timeout` must be at least 1ms",
+            "10:16: missing required key `interval` in `health_check` of [upstreams.b]",
+            "10:25: `path`: bad health check path \"/ok here\" (expected a path starting with '/', e.g. \"/healthz\")",
+            "10:37: `timeout` must be at least 1ms",
+            "11:13: `max_fails` must be an integer, found a string",
+            "12:1: unknown key `fail_timeouts` in [upstreams.b]",
+        ],
+    ),
+    (
         "wrong_type.toml",
         &[
             "2:10: `listen` must be an array of strings, found a string",

@@ -156,7 +156,12 @@ pub struct Upstream {
     pub sni: String,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
-    pub health_interval: Option<Duration>,
+    /// Active checks; `None`: servers are only judged by the requests they serve.
+    pub health_check: Option<HealthCheck>,
+    /// Passive checks (nginx's names): this many consecutive connect errors or timeouts
+    /// take a server out for `fail_timeout`.
+    pub max_fails: u32,
+    pub fail_timeout: Duration,
     pub protocol: UpstreamProtocol,
 }
 
@@ -165,6 +170,16 @@ pub struct Upstream {
 pub enum UpstreamProtocol {
     Http1,
     H2,
+}
+
+/// `health_check = { interval, path, timeout }` of an upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub interval: Duration,
+    /// `Some`: an HTTP GET of this path, healthy on 2xx/3xx; `None`: a TCP connect.
+    pub path: Option<String>,
+    /// The whole check (connect, request, response header and body) must end within this.
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

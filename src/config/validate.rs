@@ -860,15 +860,13 @@ fn upstream(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Optio
             p.at(&t.key_span(key), format!("`{key}` must be at least 1ms"));
         }
     }
-    let health_interval = t.get("health_check").and_then(|node| {
-        let h = Table::new(p, "`health_check`", node)?;
-        let interval = h.required("interval").and_then(|_| h.duration("interval"));
-        if interval.as_ref().is_some_and(|d| d.value.is_zero()) {
-            p.at(&h.key_span("interval"), "`interval` must be at least 1ms");
-        }
-        h.finish();
-        interval.map(|d| d.value)
-    });
+    let health_check = t
+        .get("health_check")
+        .and_then(|node| health_check(p, &name.value, node, connect_timeout));
+    let max_fails = t
+        .int("max_fails", 1..=i64::MAX)
+        .map_or(1, |n| u32::try_from(n.value).unwrap_or(u32::MAX));
+    let fail_timeout = t.positive_duration("fail_timeout", Duration::from_secs(10));
     t.finish();
     Some(Upstream {
         name: name.value.clone(),
@@ -878,8 +876,56 @@ fn upstream(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Optio
         sni,
         connect_timeout,
         read_timeout,
-        health_interval,
+        health_check,
+        max_fails,
+        fail_timeout,
         protocol,
+    })
+}
+
+/// `health_check = { interval, path, timeout }`; `timeout` defaults to the smaller of
+/// `connect_timeout` and `interval`.
+fn health_check(
+    p: &Problems,
+    upstream: &str,
+    node: &Spanned<Node>,
+    connect_timeout: Duration,
+) -> Option<HealthCheck> {
+    let h = Table::new(
+        p,
+        &format!("`health_check` of [upstreams.{upstream}]"),
+        node,
+    )?;
+    let interval = h.required("interval").and_then(|_| h.duration("interval"));
+    if interval.as_ref().is_some_and(|d| d.value.is_zero()) {
+        p.at(&h.key_span("interval"), "`interval` must be at least 1ms");
+    }
+    let path = h.string("path");
+    if let Some(path) = &path {
+        // It becomes a request line: an origin-form target, nothing else.
+        let origin_form = path.value.starts_with('/')
+            && path.value.parse::<http::uri::PathAndQuery>().is_ok()
+            && !path.value.contains('#');
+        if !origin_form {
+            p.at(
+                &path.span,
+                format!(
+                    "`path`: bad health check path \"{}\" (expected a path starting with '/', e.g. \"/healthz\")",
+                    path.value
+                ),
+            );
+        }
+    }
+    let timeout = h.duration("timeout");
+    if timeout.as_ref().is_some_and(|d| d.value.is_zero()) {
+        p.at(&h.key_span("timeout"), "`timeout` must be at least 1ms");
+    }
+    h.finish();
+    let interval = interval?.value;
+    Some(HealthCheck {
+        interval,
+        path: path.map(|s| s.value),
+        timeout: timeout.map_or(connect_timeout.min(interval), |d| d.value),
     })
 }
 

@@ -43,7 +43,8 @@ pub struct Ctx {
     /// Concurrency slots, released when the request ends (dropped with the context).
     _leases: Vec<Lease>,
     upstream_started: Option<Instant>,
-    attempts: usize,
+    /// Servers tried for this request, in order; the last one is answering it.
+    upstream_tried: Vec<std::net::SocketAddr>,
     /// The route's `max_request_body` (0 = unlimited) and the body bytes seen so far.
     body_limit: u64,
     body_seen: u64,
@@ -127,7 +128,7 @@ impl ProxyHttp for Proxy {
             rate_headers: Vec::new(),
             _leases: Vec::new(),
             upstream_started: None,
-            attempts: 0,
+            upstream_tried: Vec::new(),
             body_limit: 0,
             body_seen: 0,
         }
@@ -305,7 +306,8 @@ impl ProxyHttp for Proxy {
             return Err(Error::new(ErrorType::InternalError));
         };
         let pool = &gateway.pools[upstream];
-        let server = pool.pick(ctx.client_ip, ctx.attempts);
+        let server = pool.pick(ctx.client_ip, &ctx.upstream_tried);
+        ctx.upstream_tried.push(server.addr);
         let cfg = &pool.config;
         let sni = if cfg.sni.is_empty() {
             server.addr.ip().to_string()
@@ -338,14 +340,10 @@ impl ProxyHttp for Proxy {
         };
         if let Target::Upstream(upstream) = gateway.config.routes[route].target {
             let pool = &gateway.pools[upstream];
-            // With active checks, a refused connect marks the server down until one succeeds.
-            if pool.config.health_interval.is_some() {
-                if let Some(addr) = peer.address().as_inet() {
-                    pool.mark(*addr, false);
-                }
+            if let Some(addr) = peer.address().as_inet() {
+                pool.report(*addr, false);
             }
-            ctx.attempts += 1;
-            if ctx.attempts < pool.servers.len() {
+            if ctx.upstream_tried.len() < pool.servers.len() {
                 e.set_retry(true);
             }
         }
@@ -489,6 +487,9 @@ impl ProxyHttp for Proxy {
         let Some(gateway) = &ctx.gateway else { return };
         if let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route) {
             if let Target::Upstream(u) = gateway.config.routes[r].target {
+                if let (Some(addr), Some(ok)) = (ctx.upstream_tried.last(), upstream::outcome(e)) {
+                    gateway.pools[u].report(*addr, ok);
+                }
                 m.upstream_duration
                     .with_label_values(&[&gateway.config.upstreams[u].name])
                     .observe(at.elapsed().as_secs_f64());

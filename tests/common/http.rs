@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -122,10 +122,14 @@ pub fn request(
 }
 
 /// An upstream that answers every request with 200 and a body naming itself and echoing
-/// the request: "NAME METHOD PATH?QUERY xff=X-FORWARDED-FOR body=N".
+/// the request: "NAME METHOD PATH?QUERY xff=X-FORWARDED-FOR body=N". `GET /healthz` is
+/// answered apart, with the status in `health` (200 at first), and not counted in `hits`.
 pub struct Upstream {
     pub addr: SocketAddr,
     pub hits: Arc<AtomicUsize>,
+    pub health: Arc<AtomicU16>,
+    /// `GET /healthz` requests answered.
+    pub health_checks: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
 }
 
@@ -137,21 +141,40 @@ impl Upstream {
     /// Each response is sent after `delay` (for in-flight and drain tests).
     pub fn start_with_delay(name: &str, delay: Duration) -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+        Self::serve_on(listener, name, delay)
+    }
+
+    /// Listens on `addr` (e.g. one a test chose before the server was up).
+    pub fn start_at(name: &str, addr: SocketAddr) -> Upstream {
+        let listener = TcpListener::bind(addr).expect("bind upstream at its address");
+        Self::serve_on(listener, name, Duration::ZERO)
+    }
+
+    fn serve_on(listener: TcpListener, name: &str, delay: Duration) -> Upstream {
         let addr = listener.local_addr().expect("upstream address");
         let hits = Arc::new(AtomicUsize::new(0));
+        let health = Arc::new(AtomicU16::new(200));
+        let health_checks = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (name, h, st) = (name.to_owned(), hits.clone(), stop.clone());
+        let hs = (health.clone(), health_checks.clone());
         thread::spawn(move || {
             for conn in listener.incoming() {
                 if st.load(Ordering::SeqCst) {
                     return;
                 }
                 let Ok(conn) = conn else { continue };
-                let (name, h) = (name.clone(), h.clone());
-                thread::spawn(move || serve(conn, &name, &h, delay));
+                let (name, h, hs) = (name.clone(), h.clone(), hs.clone());
+                thread::spawn(move || serve(conn, &name, &h, &hs, delay));
             }
         });
-        Upstream { addr, hits, stop }
+        Upstream {
+            addr,
+            hits,
+            health,
+            health_checks,
+            stop,
+        }
     }
 
     pub fn hits(&self) -> usize {
@@ -166,7 +189,13 @@ impl Drop for Upstream {
     }
 }
 
-fn serve(conn: TcpStream, name: &str, hits: &AtomicUsize, delay: Duration) {
+fn serve(
+    conn: TcpStream,
+    name: &str,
+    hits: &AtomicUsize,
+    (health, checks): &(Arc<AtomicU16>, Arc<AtomicUsize>),
+    delay: Duration,
+) {
     let mut reader = BufReader::new(conn.try_clone().expect("clone stream"));
     let mut conn = conn;
     loop {
@@ -199,6 +228,15 @@ fn serve(conn: TcpStream, name: &str, hits: &AtomicUsize, delay: Duration) {
         let mut body = vec![0u8; length];
         if reader.read_exact(&mut body).is_err() {
             return;
+        }
+        if target == "/healthz" {
+            checks.fetch_add(1, Ordering::SeqCst);
+            let status = health.load(Ordering::SeqCst);
+            let resp = format!("HTTP/1.1 {status} Health\r\nContent-Length: 0\r\n\r\n");
+            if conn.write_all(resp.as_bytes()).is_err() {
+                return;
+            }
+            continue;
         }
         hits.fetch_add(1, Ordering::SeqCst);
         if !delay.is_zero() {
