@@ -645,6 +645,7 @@ scrape_configs:
 
     # ---- the scrape after all of it is clean
     _, body = get(f"http://{a.target}/metrics")
+    exported = set(re.findall(r"^# TYPE (\S+)", body.decode(), re.M))
     lint = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
     check(lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(),
           f"promtool check metrics: the scrape is clean ({len(exported)} families)",
