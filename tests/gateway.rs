@@ -194,7 +194,8 @@ fn a_client_that_hangs_up_before_the_response_is_counted_499() {
         "the waiting request is in flight"
     );
     drop(client);
-    let counted = || s.metric(r#"sluice_http_requests_total{protocol="http1",route="all",status="499"}"#);
+    let counted =
+        || s.metric(r#"sluice_http_requests_total{protocol="http1",route="all",status="499"}"#);
     assert!(
         s.wait_for(Duration::from_secs(5), || counted() == 1.0),
         "{}",
