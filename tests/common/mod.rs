@@ -65,7 +65,21 @@ impl Sluice {
         Self::start_with_env(template, &[])
     }
 
+    /// `start`, with extra environment variables. A port picked as free can be taken by
+    /// another process before sluice binds it (tests run in parallel): sluice is then
+    /// started again on fresh ports, up to three times.
     pub fn start_with_env(template: &str, env: &[(&str, &str)]) -> Sluice {
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Self::try_start(template, env) {
+                Ok(s) => return s,
+                Err(why) => last = why,
+            }
+        }
+        panic!("{last}");
+    }
+
+    fn try_start(template: &str, env: &[(&str, &str)]) -> Result<Sluice, String> {
         let dir = TempDir::new();
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
@@ -91,56 +105,27 @@ impl Sluice {
             config,
             _dir: dir,
         };
-        s.wait_ready();
-        s
+        s.wait_ready().map(|()| s)
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("sluice exited early ({status}): {}", self.stderr());
+                return Err(format!("sluice exited early ({status}): {}", self.stderr()));
             }
             let admin_up = http::get(self.admin, "/healthz", &[]).status == 200;
             if admin_up && TcpStream::connect(self.addr).is_ok() {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(25));
         }
-        panic!(
-            "sluice did not become ready on {} / {}",
-            self.addr, self.admin
-        );
-    }
-
-    pub fn get(&self, path: &str) -> http::Response {
-        http::get(self.addr, path, &[])
-    }
-
-    pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> http::Response {
-        http::get(self.addr, path, headers)
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Whether the process is still running.
-    pub fn child_alive(&self) -> bool {
-        Command::new("kill")
-            .args(["-0", &self.pid().to_string()])
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-
-    pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.pid().to_string())
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -{sig} failed");
+        Err(format!(
+            "sluice did not become ready on {} / {}: {}",
+            self.addr,
+            self.admin,
+            self.stderr()
+        ))
     }
 
     /// Writes a new config (same placeholders) and sends SIGHUP.
