@@ -128,6 +128,36 @@ impl Sluice {
         ))
     }
 
+    pub fn get(&self, path: &str) -> http::Response {
+        http::get(self.addr, path, &[])
+    }
+
+    pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> http::Response {
+        http::get(self.addr, path, headers)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn child_alive(&self) -> bool {
+        Command::new("kill")
+            .args(["-0", &self.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
     /// Writes a new config (same placeholders) and sends SIGHUP.
     pub fn reload(&self, template: &str) {
         std::fs::write(&self.config, render(template, self.addr, self.admin))
