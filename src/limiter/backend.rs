@@ -60,6 +60,13 @@ pub trait Backend: Send + Sync {
     /// concurrency: frees the slot held by `lease` under `key`.
     async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError>;
 
+    /// concurrency: frees the slot at once when that needs no I/O (an in-process store),
+    /// so a client that retries right after its response finds the slot free. False: use
+    /// `release`.
+    fn release_in_place(&self, _key: &str, _lease: u64) -> bool {
+        false
+    }
+
     /// concurrency: `lease` under `key`, if still held, now expires `lease_ms` after
     /// `now_ms` (a backend with its own clock may ignore it). A released or expired lease
     /// is not brought back. Returns whether the lease was held.

@@ -266,6 +266,11 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
+    fn release_in_place(&self, key: &str, lease: u64) -> bool {
+        self.release_now(key, lease);
+        true
+    }
+
     async fn renew(
         &self,
         key: &str,

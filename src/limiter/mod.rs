@@ -160,6 +160,9 @@ impl Drop for Lease {
         if let Some(renewal) = self.renewal.take() {
             renewal.abort();
         }
+        if self.backend.release_in_place(&self.key, self.id) {
+            return;
+        }
         let (key, id, backend) = (std::mem::take(&mut self.key), self.id, self.backend.clone());
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {

@@ -41,7 +41,7 @@ pub struct Ctx {
     decisions: Vec<PolicyOutcome>,
     rate_headers: Vec<(&'static str, String)>,
     /// Concurrency slots, released when the request ends (dropped with the context).
-    _leases: Vec<Lease>,
+    leases: Vec<Lease>,
     upstream_started: Option<Instant>,
     /// Servers tried for this request, in order; the last one is answering it.
     upstream_tried: Vec<std::net::SocketAddr>,
@@ -126,7 +126,7 @@ impl ProxyHttp for Proxy {
             client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             decisions: Vec::new(),
             rate_headers: Vec::new(),
-            _leases: Vec::new(),
+            leases: Vec::new(),
             upstream_started: None,
             upstream_tried: Vec::new(),
             body_limit: 0,
@@ -244,7 +244,7 @@ impl ProxyHttp for Proxy {
             &outcome.policies,
         );
         ctx.decisions = outcome.policies;
-        ctx._leases = outcome.leases;
+        ctx.leases = outcome.leases;
         if let Some(denial) = &outcome.denial {
             if grpc {
                 let mut headers = response::grpc_denial(denial);
@@ -350,8 +350,11 @@ impl ProxyHttp for Proxy {
         e
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, _ctx: &mut Ctx) -> FailToProxy {
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         use pingora::ErrorSource;
+        // The request is over: its concurrency slots are free before the client hears so,
+        // and can retry.
+        ctx.leases.clear();
         let code = match (e.esource(), e.etype()) {
             (_, ErrorType::HTTPStatus(code)) => *code,
             (ErrorSource::Upstream, _) => 502,
