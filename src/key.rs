@@ -78,6 +78,54 @@ fn parse_forwarded_ip(s: &str) -> Option<IpAddr> {
     None
 }
 
+/// How a key part is written in the config (`client_ip/24`, `header:x-api-key`).
+pub fn part_name(part: &KeyPart) -> String {
+    match part {
+        KeyPart::ClientIp => "client_ip".into(),
+        KeyPart::ClientNet(bits) => format!("client_ip/{bits}"),
+        KeyPart::Header(n) => format!("header:{n}"),
+        KeyPart::Query(n) => format!("query:{n}"),
+        KeyPart::Cookie(n) => format!("cookie:{n}"),
+        KeyPart::Path => "path".into(),
+        KeyPart::Method => "method".into(),
+        KeyPart::Host => "host".into(),
+        KeyPart::Route => "route".into(),
+        KeyPart::ClientCert => "client_cert".into(),
+    }
+}
+
+/// A key part's value given by an operator (admin API) as a request with it would put it
+/// in the key: addresses in canonical form, `client_ip/N` as its network, hosts and
+/// certificate hashes lower-case.
+pub fn canonical_part(part: &KeyPart, value: &str) -> Result<String, String> {
+    let address = || {
+        value
+            .parse::<IpAddr>()
+            .map(canonical)
+            .map_err(|_| format!("{value:?} is not an IP address ({})", part_name(part)))
+    };
+    Ok(match part {
+        KeyPart::ClientIp => address()?.to_string(),
+        KeyPart::ClientNet(bits) => {
+            // Any address of the network, or the network itself.
+            let ip = match value.split_once('/') {
+                Some((ip, _)) => ip
+                    .parse::<IpAddr>()
+                    .map(canonical)
+                    .map_err(|_| format!("{value:?} is not an IP address ({})", part_name(part)))?,
+                None => address()?,
+            };
+            let most = if ip.is_ipv4() { 32 } else { 128 };
+            IpNet::new(ip, (*bits).min(most))
+                .map_err(|e| e.to_string())?
+                .trunc()
+                .to_string()
+        }
+        KeyPart::Host | KeyPart::ClientCert => value.to_ascii_lowercase(),
+        _ => value.to_owned(),
+    })
+}
+
 /// The joined value of `parts` for this request, or `None` when a part is absent.
 /// Parts are separated by a byte that no part can contain unescaped.
 pub fn key_value(parts: &[KeyPart], req: &RequestFacts) -> Option<Vec<u8>> {

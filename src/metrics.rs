@@ -23,6 +23,17 @@ pub const DECISIONS: [&str; 9] = [
 /// Every `kind` label value of `sluice_backend_errors_total` (`BackendError::kind`).
 pub const BACKEND_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "circuit_open"];
 
+/// The admin API's endpoints (the `endpoint` label) and the status each answers on success.
+pub const ADMIN_ENDPOINTS: [(&str, &str); 7] = [
+    ("policies", "200"),
+    ("quota", "200"),
+    ("reset", "204"),
+    ("override_put", "200"),
+    ("override_delete", "204"),
+    ("overrides", "200"),
+    ("top", "200"),
+];
+
 pub struct Metrics {
     registry: Registry,
     pub http_requests: IntCounterVec,
@@ -34,6 +45,8 @@ pub struct Metrics {
     pub backend_up: IntGaugeVec,
     pub upstream_duration: HistogramVec,
     pub config_reloads: IntCounterVec,
+    /// `sluice_admin_requests_total{endpoint, status}` (DESIGN §9.2).
+    pub admin_requests: IntCounterVec,
     pub build_info: GaugeVec,
     pub connections: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
@@ -186,6 +199,20 @@ impl Metrics {
         for result in ["success", "failure"] {
             config_reloads.with_label_values(&[result]).reset();
         }
+        let admin_requests = counter(
+            &r,
+            "sluice_admin_requests_total",
+            "Calls of the admin API (/v1/), by endpoint and status",
+            &["endpoint", "status"],
+        );
+        // What a dashboard plots from the start: every endpoint's success and refusals.
+        for (endpoint, ok) in ADMIN_ENDPOINTS {
+            for status in [ok, "400", "401", "403", "404"] {
+                admin_requests
+                    .with_label_values(&[endpoint, status])
+                    .reset();
+            }
+        }
         let upstream_health = IntGaugeVec::new(
             Opts::new(
                 "sluice_upstream_health",
@@ -244,6 +271,7 @@ impl Metrics {
                 request_buckets,
             ),
             config_reloads,
+            admin_requests,
             near_limit: counter(
                 &r,
                 "sluice_near_limit_total",

@@ -6,6 +6,7 @@
 mod certs;
 mod tree;
 mod validate;
+pub use validate::parse_duration;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -113,6 +114,25 @@ pub struct Certificate {
 #[derive(Debug, Clone)]
 pub struct Admin {
     pub listen: SocketAddr,
+    /// The bearer token of the `/v1/` API, read from `token_file` at load (None: no file,
+    /// every `/v1/` call answers 403).
+    pub token: Option<Token>,
+    /// Heavy-hitter slots per policy for `/v1/top` (0: off).
+    pub top_keys: usize,
+}
+
+/// A secret that never shows in `Debug` output or logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(pub String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+impl Admin {
+    pub const DEFAULT_TOP_KEYS: usize = 1000;
 }
 
 #[derive(Debug, Clone, PartialEq)]

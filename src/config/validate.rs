@@ -319,9 +319,11 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
     let top = Table::new(p, "the config", root)?;
     let server = top.required("server").and_then(|n| server(p, n));
     let admin = match top.get("admin") {
-        Some(n) => admin(p, n),
+        Some(n) => admin(p, n, dir),
         None => Some(Admin {
             listen: SocketAddr::from(([127, 0, 0, 1], 9091)),
+            token: None,
+            top_keys: Admin::DEFAULT_TOP_KEYS,
         }),
     };
     let limiter = match top.get("limiter") {
@@ -638,12 +640,41 @@ fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
     })
 }
 
-fn admin(p: &Problems, node: &Spanned<Node>) -> Option<Admin> {
+fn admin(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Admin> {
     let t = Table::new(p, "[admin]", node)?;
     let listen = t.required("listen").and_then(|_| t.string("listen"));
+    // Read now, so a reload picks up a new token and a missing file is a located error.
+    let token = t.string("token_file").and_then(|path| {
+        match std::fs::read_to_string(dir.join(&path.value)) {
+            Ok(text) => {
+                let line = text.lines().next().unwrap_or("").trim().to_owned();
+                if line.is_empty() {
+                    p.at(
+                        &path.span,
+                        format!("`token_file`: {} holds no token", path.value),
+                    );
+                    None
+                } else {
+                    Some(Token(line))
+                }
+            }
+            Err(e) => {
+                p.at(
+                    &path.span,
+                    format!("`token_file`: cannot read {}: {e}", path.value),
+                );
+                None
+            }
+        }
+    });
+    let top_keys = t
+        .int("top_keys", 0..=1_000_000)
+        .map_or(Admin::DEFAULT_TOP_KEYS, |n| n.value as usize);
     t.finish();
     Some(Admin {
         listen: socket_addr(p, &listen?, "listen")?,
+        token,
+        top_keys,
     })
 }
 

@@ -80,4 +80,36 @@ pub trait Backend: Send + Sync {
 
     /// Whether the backend answers now (for `/readyz` and the circuit breaker's probe).
     async fn ping(&self) -> bool;
+
+    /// Evaluates every check at `now_ms` as `decide` would, charging nothing and banning
+    /// nobody (the admin API's quota read; a banning check reads its ban).
+    async fn peek(&self, checks: &[Check], now_ms: u64) -> Result<Vec<Verdict>, BackendError>;
+
+    /// Forgets `key`'s state and its ban.
+    async fn reset(&self, key: &str) -> Result<(), BackendError>;
+
+    /// Whether state is shared by a fleet (then runtime overrides live in the backend too).
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// A shared backend: every field and value of the hash `hash`.
+    async fn hash_read(&self, _hash: &str) -> Result<Vec<(String, String)>, BackendError> {
+        Ok(Vec::new())
+    }
+
+    /// A shared backend: sets (`Some`) or deletes (`None`) `field` of the hash `hash`.
+    async fn hash_write(
+        &self,
+        _hash: &str,
+        _field: &str,
+        _value: Option<&str>,
+    ) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// A shared backend: publishes `message` to every instance following `channel`.
+    async fn announce(&self, _channel: &str, _message: &str) -> Result<(), BackendError> {
+        Ok(())
+    }
 }

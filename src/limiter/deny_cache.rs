@@ -84,6 +84,11 @@ impl DenyCache {
         self.put(key, until, Some(*rule));
     }
 
+    /// Drops whatever is known about `key` (a reset).
+    pub fn forget(&self, key: &str) {
+        self.shard(key).lock().remove(key);
+    }
+
     /// `key` is banned until `until`.
     pub fn insert_ban(&self, key: &str, until: u64) {
         self.put(key, until, None);

@@ -144,6 +144,37 @@ impl MemoryBackend {
         &mut guards[at].1
     }
 
+    /// Evaluates `checks` at `now` without charging or banning.
+    pub fn peek_now(&self, checks: &[Check], now: u64) -> Vec<Verdict> {
+        checks
+            .iter()
+            .map(|check| {
+                let shard = self.shards[Self::shard_of(&check.key)].lock();
+                if let Some(rest) = shard.banned(check, now) {
+                    return banned(rest);
+                }
+                let state = shard
+                    .map
+                    .get(&check.key)
+                    .filter(|e| e.expires > now)
+                    .map(|e| &e.state);
+                match check.rule.algorithm {
+                    Algorithm::Concurrency => {
+                        algorithm::acquire(&check.rule, state, now, check.lease, check.cost).0
+                    }
+                    _ => algorithm::decide(&check.rule, state, now, check.cost).0,
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets `key`'s state and ban.
+    pub fn reset_now(&self, key: &str) {
+        let mut shard = self.shards[Self::shard_of(key)].lock();
+        shard.map.remove(key);
+        shard.bans.remove(key);
+    }
+
     pub fn release_now(&self, key: &str, lease: u64) {
         let mut shard = self.shards[Self::shard_of(key)].lock();
         if let Some(entry) = shard.map.get_mut(key) {
@@ -284,6 +315,15 @@ impl Backend for MemoryBackend {
     async fn ping(&self) -> bool {
         true
     }
+
+    async fn peek(&self, checks: &[Check], now_ms: u64) -> Result<Vec<Verdict>, BackendError> {
+        Ok(self.peek_now(checks, now_ms))
+    }
+
+    async fn reset(&self, key: &str) -> Result<(), BackendError> {
+        self.reset_now(key);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -374,6 +414,23 @@ mod tests {
         m.decide_now(std::slice::from_ref(&s), 1_000);
         assert!(!m.decide_now(std::slice::from_ref(&s), 1_001)[0].allowed);
         assert!(m.decide_now(std::slice::from_ref(&s), 2_000)[0].allowed);
+    }
+
+    #[test]
+    fn a_peek_charges_nothing_and_a_reset_forgets_state_and_ban() {
+        let m = MemoryBackend::new(1000);
+        let mut c = check("a", Algorithm::FixedWindow, 2, true);
+        c.ban_ms = 5_000;
+        for _ in 0..3 {
+            assert_eq!(m.peek_now(std::slice::from_ref(&c), 1_000)[0].remaining, 1);
+        }
+        m.decide_now(std::slice::from_ref(&c), 1_000);
+        m.decide_now(std::slice::from_ref(&c), 1_000);
+        assert!(!m.decide_now(std::slice::from_ref(&c), 1_000)[0].allowed);
+        assert!(m.peek_now(std::slice::from_ref(&c), 1_100)[0].banned);
+        m.reset_now("a");
+        let v = m.peek_now(std::slice::from_ref(&c), 1_100)[0];
+        assert!(v.allowed && !v.banned, "{v:?}");
     }
 
     #[test]

@@ -11,8 +11,12 @@ mod deny_cache;
 pub mod memory;
 pub mod overrides;
 pub mod redis;
+pub mod runtime;
 mod scripts;
+pub mod top;
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -194,6 +198,44 @@ pub struct Limiter {
     backend_up: prometheus::IntGauge,
     decision_time: prometheus::Histogram,
     leases: AtomicU64,
+    /// Runtime overrides; kept across reloads.
+    shared: Arc<runtime::Shared>,
+    /// Follows the fleet's runtime changes while this backend is in use (shared backends).
+    follower: Option<Arc<Follower>>,
+    /// Heavy-hitter sketches by policy name (`[admin] top_keys` slots each; none when 0).
+    top: HashMap<String, Arc<parking_lot::Mutex<top::SpaceSaving>>>,
+}
+
+/// Aborts the follower task when the last limiter using its backend is gone.
+pub struct Follower(tokio::task::AbortHandle);
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A key as the admin API names it: the policy's storage key and the values.
+#[derive(Debug, Clone)]
+pub struct NamedKey {
+    pub storage: String,
+    pub values: Vec<String>,
+}
+
+/// A key's quota read without charging (`GET /v1/quota`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Quota {
+    pub policy: String,
+    pub key: Vec<String>,
+    pub limit: u64,
+    pub period_seconds: f64,
+    pub burst: u64,
+    pub remaining: u64,
+    pub reset_seconds: f64,
+    pub retry_after_seconds: f64,
+    pub banned_seconds: f64,
+    #[serde(rename = "override")]
+    pub runtime_override: Option<runtime::RuntimeOverride>,
 }
 
 #[derive(Default)]
@@ -239,6 +281,44 @@ impl Limiter {
             (_, Some(p)) if policies_same => p.deny_cache.clone(),
             _ => Some(DenyCache::new(settings.deny_cache)),
         };
+        let shared = previous.map(|p| p.shared.clone()).unwrap_or_default();
+        shared.set_deny_cache(deny_cache.clone());
+        let follower = match same {
+            Some(p) => p.follower.clone(),
+            None if backend.shared() => {
+                let url = match &settings.backend {
+                    config::Backend::Redis(url) => Some(url.clone()),
+                    _ => None,
+                };
+                let task = tokio::spawn(runtime::follow(
+                    Arc::downgrade(&shared),
+                    backend.clone(),
+                    url,
+                    settings.key_prefix.clone(),
+                    settings.timeout.max(Duration::from_millis(250)),
+                ));
+                Some(Arc::new(Follower(task.abort_handle())))
+            }
+            None => None,
+        };
+        let slots = cfg.admin.top_keys;
+        let top = if slots == 0 {
+            HashMap::new()
+        } else {
+            cfg.policies
+                .iter()
+                .map(|policy| {
+                    let kept = previous
+                        .and_then(|p| p.top.get(&policy.name))
+                        .filter(|s| s.lock().capacity() == slots)
+                        .cloned();
+                    let sketch = kept.unwrap_or_else(|| {
+                        Arc::new(parking_lot::Mutex::new(top::SpaceSaving::new(slots)))
+                    });
+                    (policy.name.clone(), sketch)
+                })
+                .collect()
+        };
         let backend_up = metrics.backend_up.with_label_values(&[backend.name()]);
         backend_up.set(1);
         let decision_time = metrics
@@ -255,6 +335,9 @@ impl Limiter {
             backend_up,
             decision_time,
             leases: AtomicU64::new(rand::random::<u64>() | 1),
+            shared,
+            follower,
+            top,
         })
     }
 
@@ -303,6 +386,8 @@ impl Limiter {
         let mut checks: Vec<Check> = Vec::with_capacity(policy_ids.len());
         let mut checked: Vec<usize> = Vec::with_capacity(policy_ids.len());
         let mut violated: Vec<usize> = Vec::new();
+        // The key values of the policies decided, for the heavy-hitter sketches.
+        let mut seen: Vec<(usize, Vec<u8>)> = Vec::new();
         for &id in policy_ids {
             let policy = &policies[id];
             if policy.exempt.iter().any(|net| net.contains(&req.client_ip)) {
@@ -347,6 +432,9 @@ impl Limiter {
                 (None, OnMissing::Shared) => b"\xffmissing".to_vec(),
             };
             let key = self.storage_key(policy, &value);
+            if !self.top.is_empty() {
+                seen.push((id, value));
+            }
             let enforce = policy.mode == Mode::Enforce;
             let rule = rule_of(policy, self.numbers_for(policy, &key, req));
             if enforce && policy.algorithm != Algorithm::Concurrency {
@@ -406,6 +494,7 @@ impl Limiter {
             // Already denied: ask nothing more, charge nothing.
             self.finish_denied(policies, &mut outcome, &violated);
             self.count(route, policies, &outcome);
+            self.feed_top(policies, &outcome, seen);
             return outcome;
         }
         if !checks.is_empty() {
@@ -413,7 +502,35 @@ impl Limiter {
             self.apply(&mut outcome, policies, &checks, &checked, verdicts, now);
         }
         self.count(route, policies, &outcome);
+        self.feed_top(policies, &outcome, seen);
         outcome
+    }
+
+    /// Counts each decided key in its policy's sketch: its hash always, its values only
+    /// when it takes a slot.
+    fn feed_top(&self, policies: &[Policy], outcome: &Outcome, seen: Vec<(usize, Vec<u8>)>) {
+        for (id, value) in seen {
+            let Some(p) = outcome.policies.iter().find(|p| p.policy == id) else {
+                continue;
+            };
+            let rejected = match p.decision {
+                Decision::Rejected
+                | Decision::Banned
+                | Decision::ShadowRejected
+                | Decision::ErrorDenied => true,
+                Decision::Allowed | Decision::Delayed | Decision::ErrorAllowed => false,
+                Decision::Skipped | Decision::Exempt => continue,
+            };
+            let Some(sketch) = self.top.get(&policies[id].name) else {
+                continue;
+            };
+            let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(&value);
+            sketch.lock().record(
+                hash,
+                || String::from_utf8_lossy(&value).into_owned(),
+                rejected,
+            );
+        }
     }
 
     /// The numbers `policy` counts the key `key` with for `req`: a runtime override for
@@ -426,8 +543,8 @@ impl Limiter {
     /// The hook for the admin API's runtime overrides (DESIGN §9.2): the numbers set for
     /// this exact storage key, which win over every config override. None until that
     /// store exists; it plugs in here, and nothing below this layer changes.
-    fn runtime_override(&self, _policy: &Policy, _key: &str) -> Option<Numbers> {
-        None
+    fn runtime_override(&self, _policy: &Policy, key: &str) -> Option<Numbers> {
+        self.shared.numbers(key)
     }
 
     fn next_lease(&self) -> u64 {
@@ -627,6 +744,170 @@ impl Limiter {
                 }
             }
         }
+    }
+
+    /// How long an admin call may wait for the backend: never less than a readiness probe.
+    fn admin_timeout(&self) -> Duration {
+        self.settings.timeout.max(Duration::from_millis(250))
+    }
+
+    async fn bounded<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        tokio::time::timeout(self.admin_timeout(), work)
+            .await
+            .unwrap_or(Err(BackendError::Timeout))
+    }
+
+    /// The key of `policy` with these values (one per key part, in order), as a request
+    /// with them would be counted. Err: why the values cannot name a key.
+    pub fn named_key(&self, policy: &Policy, values: &[String]) -> Result<NamedKey, String> {
+        if values.len() != policy.key.len() {
+            return Err(format!(
+                "policy {} has {} key part(s) ({}), got {} key value(s)",
+                policy.name,
+                policy.key.len(),
+                policy
+                    .key
+                    .iter()
+                    .map(key::part_name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                values.len()
+            ));
+        }
+        let mut joined = Vec::new();
+        let mut shown = Vec::with_capacity(values.len());
+        for (i, (part, value)) in policy.key.iter().zip(values).enumerate() {
+            if i > 0 {
+                joined.push(0);
+            }
+            let canonical = key::canonical_part(part, value)?;
+            joined.extend_from_slice(canonical.as_bytes());
+            shown.push(canonical);
+        }
+        Ok(NamedKey {
+            storage: self.storage_key(policy, &joined),
+            values: shown,
+        })
+    }
+
+    /// The numbers `key` is counted with when only its values are known: its runtime
+    /// override, else the policy's own (config overrides may match on parts outside the key).
+    fn admin_rule(&self, policy: &Policy, key: &NamedKey) -> Rule {
+        rule_of(
+            policy,
+            self.shared
+                .numbers(&key.storage)
+                .unwrap_or_else(|| policy.numbers()),
+        )
+    }
+
+    /// `key`'s quota now, read without charging it (the algorithm run in peek mode).
+    pub async fn quota(&self, policy: &Policy, key: &NamedKey) -> Result<Quota, BackendError> {
+        let rule = self.admin_rule(policy, key);
+        let check = Check {
+            key: key.storage.clone(),
+            rule,
+            cost: policy.cost.max(1),
+            enforce: true,
+            lease: 0,
+            ban_ms: (policy.ban.as_millis() as u64).max(1),
+        };
+        let now = self.clock.now_ms();
+        let verdict = self
+            .bounded(self.backend.peek(std::slice::from_ref(&check), now))
+            .await?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        let seconds = |ms: u64| ms as f64 / 1000.0;
+        // A peek answers for one more request: what is left now includes its cost.
+        let remaining = if verdict.allowed {
+            verdict.remaining + check.cost
+        } else {
+            verdict.remaining
+        };
+        Ok(Quota {
+            policy: policy.name.clone(),
+            key: key.values.clone(),
+            limit: rule.limit,
+            period_seconds: seconds(rule.period_ms),
+            burst: rule.burst,
+            remaining,
+            reset_seconds: seconds(verdict.reset_ms),
+            retry_after_seconds: seconds(verdict.retry_after_ms),
+            banned_seconds: if verdict.banned {
+                seconds(verdict.retry_after_ms)
+            } else {
+                0.0
+            },
+            runtime_override: self.shared.get(&key.storage),
+        })
+    }
+
+    /// Deletes `key`'s state and ban, here and (shared backend) for the fleet, whose deny
+    /// caches are told to forget it.
+    pub async fn reset(&self, key: &NamedKey) -> Result<(), BackendError> {
+        self.bounded(self.backend.reset(&key.storage)).await?;
+        self.local.reset_now(&key.storage);
+        self.shared.forget(&key.storage);
+        if self.backend.shared() {
+            let channel = runtime::channel_name(&self.settings.key_prefix);
+            let message = format!("{}{}", runtime::RESET, key.storage);
+            self.bounded(self.backend.announce(&channel, &message))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Sets `key`'s runtime override, here and (shared backend) for the fleet.
+    pub async fn set_override(
+        &self,
+        key: &NamedKey,
+        o: runtime::RuntimeOverride,
+    ) -> Result<(), BackendError> {
+        if self.backend.shared() {
+            let value =
+                serde_json::to_string(&o).map_err(|e| BackendError::Script(e.to_string()))?;
+            let hash = runtime::hash_name(&self.settings.key_prefix);
+            self.bounded(self.backend.hash_write(&hash, &key.storage, Some(&value)))
+                .await?;
+        }
+        self.shared.set(&key.storage, o);
+        self.announce_change().await
+    }
+
+    /// Deletes `key`'s runtime override; whether there was one.
+    pub async fn delete_override(&self, key: &NamedKey) -> Result<bool, BackendError> {
+        if self.backend.shared() {
+            let hash = runtime::hash_name(&self.settings.key_prefix);
+            self.bounded(self.backend.hash_write(&hash, &key.storage, None))
+                .await?;
+        }
+        let had = self.shared.remove(&key.storage);
+        self.announce_change().await?;
+        Ok(had)
+    }
+
+    async fn announce_change(&self) -> Result<(), BackendError> {
+        if !self.backend.shared() {
+            return Ok(());
+        }
+        let channel = runtime::channel_name(&self.settings.key_prefix);
+        self.bounded(self.backend.announce(&channel, runtime::CHANGED))
+            .await
+    }
+
+    /// The live runtime overrides of `policy`.
+    pub fn overrides(&self, policy: &Policy) -> Vec<runtime::RuntimeOverride> {
+        self.shared.of_policy(&policy.name)
+    }
+
+    /// `policy`'s `n` heaviest keys on this instance; None when `top_keys` is 0.
+    pub fn top(&self, policy: &Policy, n: usize) -> Option<Vec<top::Entry>> {
+        self.top.get(&policy.name).map(|s| s.lock().top(n))
     }
 
     /// Keys the memory backend (the store, or the `local` fallback) holds now.

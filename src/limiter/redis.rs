@@ -242,6 +242,48 @@ impl Store {
         }
     }
 
+    /// Evaluates checks without charging: every slot's group on its own (a peek sets nothing,
+    /// so there is nothing to make atomic across slots).
+    async fn peek(
+        self,
+        checks: Vec<Check>,
+        now: Option<u64>,
+    ) -> Result<Vec<Verdict>, BackendError> {
+        let mut verdicts = Vec::with_capacity(checks.len());
+        for check in &checks {
+            let one = std::slice::from_ref(check);
+            let result: Result<Vec<i64>, RedisError> = match &self {
+                Store::Single(m) => call(&mut m.clone(), Mode::Peek, one, now).await,
+                Store::Cluster(c) => call(&mut c.clone(), Mode::Peek, one, now).await,
+                Store::Sentinel(s) => {
+                    let result = call(&mut s.current()?, Mode::Peek, one, now).await;
+                    s.check(&result);
+                    result
+                }
+            };
+            let values = result.map_err(|e| backend_error(&e))?;
+            verdicts.extend(scripts::decode(&values, Mode::Peek, &enforce_flags(one))?.verdicts);
+        }
+        Ok(verdicts)
+    }
+
+    /// Runs one command on the store (the master for Sentinel).
+    async fn query<T: redis::FromRedisValue + Send>(
+        self,
+        cmd: redis::Cmd,
+    ) -> Result<T, BackendError> {
+        let result: Result<T, RedisError> = match self {
+            Store::Single(mut m) => cmd.query_async(&mut m).await,
+            Store::Cluster(mut c) => cmd.query_async(&mut c).await,
+            Store::Sentinel(s) => {
+                let result = cmd.query_async(&mut s.current()?).await;
+                s.check(&result);
+                result
+            }
+        };
+        result.map_err(|e| backend_error(&e))
+    }
+
     async fn ping(self) -> bool {
         let ping = redis::cmd("PING");
         match self {
@@ -296,6 +338,63 @@ impl Backend for RedisBackend {
             tokio::time::timeout(self.io_timeout, answer).await,
             Ok(Ok(true))
         )
+    }
+
+    async fn peek(&self, checks: &[Check], now_ms: u64) -> Result<Vec<Verdict>, BackendError> {
+        let (store, checks, now) = (self.store.clone(), checks.to_vec(), self.script_now(now_ms));
+        self.run(store.peek(checks, now)).await
+    }
+
+    async fn reset(&self, key: &str) -> Result<(), BackendError> {
+        // The state and its ban share a hash tag, so one DEL serves Cluster too.
+        let mut del = redis::cmd("DEL");
+        del.arg(key).arg(scripts::ban_key(key));
+        let store = self.store.clone();
+        self.run(async move { store.query::<i64>(del).await.map(|_| ()) })
+            .await
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn hash_read(&self, hash: &str) -> Result<Vec<(String, String)>, BackendError> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(hash);
+        let store = self.store.clone();
+        self.run(async move { store.query::<Vec<(String, String)>>(cmd).await })
+            .await
+    }
+
+    async fn hash_write(
+        &self,
+        hash: &str,
+        field: &str,
+        value: Option<&str>,
+    ) -> Result<(), BackendError> {
+        let cmd = match value {
+            Some(value) => {
+                let mut c = redis::cmd("HSET");
+                c.arg(hash).arg(field).arg(value);
+                c
+            }
+            None => {
+                let mut c = redis::cmd("HDEL");
+                c.arg(hash).arg(field);
+                c
+            }
+        };
+        let store = self.store.clone();
+        self.run(async move { store.query::<i64>(cmd).await.map(|_| ()) })
+            .await
+    }
+
+    async fn announce(&self, channel: &str, message: &str) -> Result<(), BackendError> {
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(channel).arg(message);
+        let store = self.store.clone();
+        self.run(async move { store.query::<i64>(cmd).await.map(|_| ()) })
+            .await
     }
 }
 
