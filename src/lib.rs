@@ -4,13 +4,16 @@
 //! - `config`: the TOML file, validated once into a typed model with located errors.
 //! - `routing`: which route a request belongs to.
 //! - `key`: the client IP and the rate key of a policy for a request.
-//! - `limiter`: deciding a route's policies together; `memory` and `redis` backends only store.
+//! - `limiter`: deciding a route's policies together; `memory` and `redis` backends only
+//!   store; `overrides` (config) and `runtime` (admin API) give a key its numbers; `top`
+//!   the heaviest keys.
 //! - `proxy`: the Pingora proxy phases; `connection` bounds each client connection
 //!   (deadlines, per-address cap); `upstream` pools (pingora::lb selection, active and
 //!   passive health); responses.
 //! - `gateway`: the state built from one config, swapped whole on reload.
 //! - `tls`: TLS termination: certificates by SNI, client certificates, reload.
-//! - `admin`: /metrics, /healthz, /readyz. `metrics`: every metric family.
+//! - `admin`: /metrics, /healthz, /readyz and the `/v1/` API (`api`). `metrics`: every
+//!   metric family.
 //! - `server`: wiring it together and running until SIGTERM.
 
 pub mod admin;
