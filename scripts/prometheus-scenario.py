@@ -559,11 +559,13 @@ scrape_configs:
         for inst in instances:
             traffic.good(inst)
             traffic.send(inst, "/watched", "watched")
-        if not fired:
+        # Each instance's alert starts at its own rule evaluation: watch until all have one.
+        if len(fired.get("instances", ())) < len(instances):
             alerts = prom.alerts("SluiceLimiterFailingOpen")
             if alerts:
-                fired["at"] = time.time()
+                fired.setdefault("at", time.time())
                 fired["alerts"] = alerts
+                fired["instances"] = {x["labels"].get("instance") for x in alerts}
 
     pace(0.2, stall_start + 20, stall_round)
     redis.send_signal(signal.SIGCONT)
