@@ -1,4 +1,4 @@
-//! The command line: `sluice run` and `sluice check`.
+//! The command line: `sluice run`, `sluice check` and `sluice admin …`.
 
 use std::path::PathBuf;
 
@@ -26,5 +26,51 @@ pub enum Command {
     Check {
         #[arg(long, short, default_value = "/etc/sluice/sluice.toml")]
         config: PathBuf,
+    },
+    /// Call the admin API of a running sluice (address and token from the config's [admin])
+    Admin {
+        #[command(subcommand)]
+        call: AdminCall,
+        #[arg(long, short, default_value = "/etc/sluice/sluice.toml", global = true)]
+        config: PathBuf,
+    },
+}
+
+/// `sluice admin …`: KEY... are the values of the policy's `key` parts, in order.
+#[derive(Subcommand, Debug)]
+pub enum AdminCall {
+    /// A key's quota, read without charging it
+    Quota {
+        policy: String,
+        #[arg(required = true)]
+        key: Vec<String>,
+    },
+    /// Delete a key's state and ban on every instance (deny caches included)
+    Reset {
+        policy: String,
+        #[arg(required = true)]
+        key: Vec<String>,
+    },
+    /// Give a key its own numbers on every instance
+    Override {
+        policy: String,
+        #[arg(required = true)]
+        key: Vec<String>,
+        #[arg(long)]
+        limit: u64,
+        #[arg(long)]
+        burst: Option<u64>,
+        /// e.g. "1m"
+        #[arg(long)]
+        period: Option<String>,
+        /// The override expires after this, e.g. "30d"
+        #[arg(long)]
+        ttl: Option<String>,
+    },
+    /// This instance's heaviest keys, by rejections then requests
+    Top {
+        policy: String,
+        #[arg(short, default_value_t = 20)]
+        n: usize,
     },
 }

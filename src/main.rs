@@ -8,7 +8,9 @@ use sluice::config;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (Command::Run { config: path } | Command::Check { config: path }) = &cli.command;
+    let (Command::Run { config: path }
+    | Command::Check { config: path }
+    | Command::Admin { config: path, .. }) = &cli.command;
     let config = match config::load(path) {
         Ok(config) => config,
         Err(errors) => {
@@ -16,6 +18,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Command::Admin { call, .. } = &cli.command {
+        return admin(&config, call);
+    }
     for warning in &config.warnings {
         eprintln!("{warning}");
     }
@@ -24,6 +29,7 @@ fn main() -> ExitCode {
             println!("{}: ok", path.display());
             ExitCode::SUCCESS
         }
+        Command::Admin { .. } => ExitCode::SUCCESS,
         Command::Run { config: path } => {
             env_logger::Builder::from_env(
                 env_logger::Env::default().default_filter_or("warn,sluice=info"),
@@ -36,6 +42,26 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// `sluice admin …`: the answer's body on stdout; exit 1 with it on stderr if the call failed.
+fn admin(config: &config::Config, call: &sluice::cli::AdminCall) -> ExitCode {
+    match sluice::admin::client::call(&config.admin, call) {
+        Ok(answer) if (200..300).contains(&answer.status) => {
+            if !answer.body.is_empty() {
+                println!("{}", answer.body);
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            eprintln!("sluice admin: {}\n{}", answer.status, answer.body);
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("sluice admin: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -188,3 +188,64 @@ fn a_raised_limit_reaches_every_instance_and_a_reset_unblocks_the_fleet() {
         "the override expired: limit 3 again"
     );
 }
+
+/// `sluice admin …` with the address and token from the config file.
+fn cli(s: &Sluice, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(common::SLUICE)
+        .arg("admin")
+        .args(args)
+        .arg("--config")
+        .arg(&s.config)
+        .output()
+        .expect("run sluice admin");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_admin_cli_reads_address_and_token_from_the_config() {
+    let dir = TempDir::new();
+    let s = Sluice::start(&template("backend = \"memory\"", Some(&token_file(&dir))));
+    for _ in 0..4 {
+        hit(&s, "k-cli");
+    }
+    let (ok, out, err) = cli(&s, &["quota", "per_key", "k-cli"]);
+    assert!(ok, "{err}");
+    let quota: serde_json::Value = serde_json::from_str(&out).expect("quota JSON");
+    assert_eq!(
+        (quota["limit"].as_u64(), quota["remaining"].as_u64()),
+        (Some(3), Some(0)),
+        "{out}"
+    );
+
+    let (ok, out, err) = cli(
+        &s,
+        &[
+            "override", "per_key", "k-cli", "--limit", "5", "--ttl", "1h",
+        ],
+    );
+    assert!(ok && out.contains("\"limit\": 5"), "{out}{err}");
+    assert_eq!(
+        count_status(&[hit_response(&s, "k-cli"), hit_response(&s, "k-cli")], 200),
+        2
+    );
+    assert_eq!(hit(&s, "k-cli"), 429);
+
+    let (ok, out, err) = cli(&s, &["top", "per_key", "-n", "5"]);
+    assert!(ok && out.contains("k-cli"), "{out}{err}");
+
+    let (ok, _, err) = cli(&s, &["reset", "per_key", "k-cli"]);
+    assert!(ok, "{err}");
+    assert_eq!(hit(&s, "k-cli"), 200);
+
+    // A failed call exits 1 with the problem on stderr.
+    let (ok, _, err) = cli(&s, &["quota", "nope", "k-cli"]);
+    assert!(!ok && err.contains("404") && err.contains("nope"), "{err}");
+}
+
+fn hit_response(s: &Sluice, key: &str) -> Response {
+    s.get_with("/r", &[("x-api-key", key)])
+}

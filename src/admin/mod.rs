@@ -2,6 +2,7 @@
 //! bearer-token auth, problem+json errors and counting here, the handlers in `api`.
 
 mod api;
+pub mod client;
 
 use std::sync::Arc;
 

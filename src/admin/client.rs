@@ -1,0 +1,161 @@
+//! `sluice admin …`: the `/v1/` API of a running sluice for operators, with the admin
+//! address and token taken from the config file, so nobody hand-writes curl calls.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+
+use crate::cli::AdminCall;
+use crate::config::Admin;
+
+/// The answer of one call: its status and body (pretty-printed when it is JSON).
+pub struct Answer {
+    pub status: u16,
+    pub body: String,
+}
+
+/// Makes `call` against the admin listener of `admin`.
+pub fn call(admin: &Admin, call: &AdminCall) -> Result<Answer, String> {
+    let token = admin
+        .token
+        .as_ref()
+        .ok_or("the config has no [admin] token_file: the admin API answers every call with 403")?;
+    let (method, path, body) = request(call);
+    let addr = reachable(admin.listen);
+    let timeout = Duration::from_secs(10);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("cannot reach the admin listener at {addr}: {e}"))?;
+    let _ = stream.set_read_timeout(Some(timeout));
+    let _ = stream.set_write_timeout(Some(timeout));
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        token.0,
+        body.len()
+    );
+    stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body.as_bytes()))
+        .map_err(|e| format!("sending to {addr}: {e}"))?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("reading from {addr}: {e}"))?;
+    parse(&raw).ok_or_else(|| format!("{addr} did not answer HTTP"))
+}
+
+/// Method, path with query, and JSON body of `call`.
+fn request(call: &AdminCall) -> (&'static str, String, String) {
+    let keyed = |kind: &str, policy: &str, key: &[String]| {
+        let query: Vec<String> = key
+            .iter()
+            .map(|v| format!("key={}", utf8_percent_encode(v, NON_ALPHANUMERIC)))
+            .collect();
+        format!(
+            "/v1/{kind}/{}?{}",
+            utf8_percent_encode(policy, NON_ALPHANUMERIC),
+            query.join("&")
+        )
+    };
+    match call {
+        AdminCall::Quota { policy, key } => ("GET", keyed("quota", policy, key), String::new()),
+        AdminCall::Reset { policy, key } => ("DELETE", keyed("quota", policy, key), String::new()),
+        AdminCall::Override {
+            policy,
+            key,
+            limit,
+            burst,
+            period,
+            ttl,
+        } => {
+            let mut body = serde_json::json!({ "limit": limit });
+            if let Some(burst) = burst {
+                body["burst"] = (*burst).into();
+            }
+            if let Some(period) = period {
+                body["period"] = period.as_str().into();
+            }
+            if let Some(ttl) = ttl {
+                body["ttl"] = ttl.as_str().into();
+            }
+            ("PUT", keyed("overrides", policy, key), body.to_string())
+        }
+        AdminCall::Top { policy, n } => (
+            "GET",
+            format!(
+                "/v1/top/{}?n={n}",
+                utf8_percent_encode(policy, NON_ALPHANUMERIC)
+            ),
+            String::new(),
+        ),
+    }
+}
+
+/// A listener bound to every address is reached on loopback.
+fn reachable(listen: SocketAddr) -> SocketAddr {
+    match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), listen.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), listen.port())
+        }
+        _ => listen,
+    }
+}
+
+fn parse(raw: &[u8]) -> Option<Answer> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(json) => serde_json::to_string_pretty(&json).unwrap_or_else(|_| body.to_owned()),
+        Err(_) => body.to_owned(),
+    };
+    Some(Answer { status, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_become_requests() {
+        let key = vec!["203.0.113.9".to_owned(), "a b/c".to_owned()];
+        let (m, p, b) = request(&AdminCall::Quota {
+            policy: "per_ip".into(),
+            key: key.clone(),
+        });
+        assert_eq!(
+            (m, p.as_str(), b.as_str()),
+            (
+                "GET",
+                "/v1/quota/per%5Fip?key=203%2E0%2E113%2E9&key=a%20b%2Fc",
+                ""
+            )
+        );
+        let (m, p, b) = request(&AdminCall::Override {
+            policy: "p".into(),
+            key: vec!["k".into()],
+            limit: 10,
+            burst: None,
+            period: Some("1m".into()),
+            ttl: Some("30d".into()),
+        });
+        assert_eq!((m, p.as_str()), ("PUT", "/v1/overrides/p?key=k"));
+        let body: serde_json::Value = serde_json::from_str(&b).unwrap_or_default();
+        assert_eq!(
+            body,
+            serde_json::json!({"limit": 10, "period": "1m", "ttl": "30d"})
+        );
+    }
+
+    #[test]
+    fn answers_are_parsed() {
+        let a =
+            parse(b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\n{\"a\":1}").expect("answer");
+        assert_eq!(a.status, 404);
+        assert_eq!(a.body, "{\n  \"a\": 1\n}");
+    }
+}
