@@ -133,6 +133,8 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (n * 2 + 1024, n * 2 + 1024))
     upstream_port = free_port()
     socketserver.ThreadingTCPServer.allow_reuse_address = True
+    # A burst of 50 connects must not overflow the default backlog of 5.
+    socketserver.ThreadingTCPServer.request_queue_size = 1024
     server = socketserver.ThreadingTCPServer(("127.0.0.1", upstream_port), Upstream)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
