@@ -15,6 +15,13 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "admin_settings.toml",
+        &[
+            "5:14: `token_file`: cannot read no-such-token-file: No such file or directory (os error 2)",
+            "6:12: `top_keys` must be between 0 and 1000000, found -1",
+        ],
+    ),
+    (
         "client_bounds.toml",
         &[
             "3:18: `header_timeout` must be at least 1ms",
