@@ -249,3 +249,53 @@ fn the_admin_cli_reads_address_and_token_from_the_config() {
 fn hit_response(s: &Sluice, key: &str) -> Response {
     s.get_with("/r", &[("x-api-key", key)])
 }
+
+#[test]
+fn a_slow_admin_call_does_not_delay_proxied_requests() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let limiter = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"",
+        redis.url()
+    );
+    let mut config = template(&limiter, Some(&token_file(&dir)));
+    config.push_str(
+        "[[routes]]\nname = \"free\"\npath = \"/free\"\nrespond = { status = 200, body = \"free\\n\" }\n",
+    );
+    let s = Sluice::start(&config);
+    assert_eq!(call(&s, "GET", "/v1/quota/per_key?key=a", "").status, 200);
+    // Redis stops answering: admin calls wait on it, up to the 2 s timeout.
+    redis.signal("STOP");
+    std::thread::scope(|scope| {
+        let admin: Vec<_> = (0..3)
+            .map(|_| {
+                scope.spawn(|| {
+                    let started = Instant::now();
+                    let status = call(&s, "GET", "/v1/quota/per_key?key=a", "").status;
+                    (status, started.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        // Meanwhile the proxy answers at once.
+        let mut slowest = Duration::ZERO;
+        for _ in 0..20 {
+            let started = Instant::now();
+            assert_eq!(s.get("/free").status, 200);
+            slowest = slowest.max(started.elapsed());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for handle in admin {
+            let (status, took) = handle.join().expect("admin call");
+            assert!(
+                took >= Duration::from_secs(1),
+                "the admin call was not slow: {status} in {took:?}"
+            );
+        }
+        assert!(
+            slowest < Duration::from_millis(300),
+            "a proxied request took {slowest:?}"
+        );
+    });
+    redis.signal("CONT");
+}

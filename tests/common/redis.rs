@@ -150,6 +150,17 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Sends `sig` (e.g. "STOP", "CONT") to the server process.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("redis-server running").id();
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} redis-server");
+    }
+
     /// Runs redis-cli against this server; returns its raw output, trimmed.
     pub fn cli(&self, args: &[&str]) -> String {
         redis_cli(self.port, args)
