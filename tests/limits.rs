@@ -553,21 +553,7 @@ fn a_cidr_override_matches_the_client_network() {
 /// A shadow policy with a ban bans nobody.
 #[test]
 fn a_ban_holds_for_its_time_then_lifts_and_shadow_bans_nobody() {
-    let policies = policy(
-        "strict",
-        "fixed_window",
-        2,
-        "1s",
-        "\"client_ip\"",
-        "ban = \"4s\"",
-    ) + &policy(
-        "dry",
-        "fixed_window",
-        1,
-        "1s",
-        "\"client_ip\"",
-        "ban = \"1h\"\nmode = \"shadow\"",
-    );
+    let policies = common::ban_policies();
     let s = Sluice::start(&config(
         "",
         "",
@@ -575,13 +561,7 @@ fn a_ban_holds_for_its_time_then_lifts_and_shadow_bans_nobody() {
         &[("a", "\"strict\""), ("d", "\"dry\"")],
     ));
     // Two pass (three, if a window turns between them), then the first rejection bans.
-    let mut first = s.get("/a");
-    for _ in 0..3 {
-        if first.status == 429 {
-            break;
-        }
-        first = s.get("/a");
-    }
+    let first = common::first_rejection(&s, "/a");
     let started = Instant::now();
     assert_eq!(first.status, 429);
     assert_eq!(first.header("retry-after"), Some("4"));
@@ -589,10 +569,7 @@ fn a_ban_holds_for_its_time_then_lifts_and_shadow_bans_nobody() {
     // A new window, but still banned, for the rest of the ban.
     let r = s.get("/a");
     assert_eq!(r.status, 429);
-    let retry: u64 = r
-        .header("retry-after")
-        .and_then(|v| v.parse().ok())
-        .expect("Retry-After");
+    let retry = common::retry_after(&r);
     assert!(
         (1..=3).contains(&retry),
         "Retry-After {retry} should count the ban down"

@@ -637,21 +637,7 @@ fn overrides_give_each_plan_its_numbers_on_redis() {
 #[test]
 fn a_ban_holds_across_the_fleet_then_lifts() {
     let redis = RedisServer::start();
-    let policies = policy(
-        "strict",
-        "fixed_window",
-        2,
-        "1s",
-        "\"client_ip\"",
-        "ban = \"4s\"",
-    ) + &policy(
-        "dry",
-        "fixed_window",
-        1,
-        "1s",
-        "\"client_ip\"",
-        "ban = \"1h\"\nmode = \"shadow\"",
-    );
+    let policies = common::ban_policies();
     let template = config(
         &redis_limiter(&redis, "timeout = \"1s\""),
         "",
@@ -659,13 +645,7 @@ fn a_ban_holds_across_the_fleet_then_lifts() {
         &[("a", "\"strict\""), ("d", "\"dry\"")],
     );
     let (one, two) = (Sluice::start(&template), Sluice::start(&template));
-    let mut first = one.get("/a");
-    for _ in 0..3 {
-        if first.status == 429 {
-            break;
-        }
-        first = one.get("/a");
-    }
+    let first = common::first_rejection(&one, "/a");
     let started = Instant::now();
     assert_eq!(first.status, 429);
     assert_eq!(first.header("retry-after"), Some("4"));
@@ -673,10 +653,7 @@ fn a_ban_holds_across_the_fleet_then_lifts() {
     // Another instance, a new window: still banned, by the key in Redis.
     let r = two.get("/a");
     assert_eq!(r.status, 429);
-    let retry: u64 = r
-        .header("retry-after")
-        .and_then(|v| v.parse().ok())
-        .expect("Retry-After");
+    let retry = common::retry_after(&r);
     assert!(
         (1..=3).contains(&retry),
         "Retry-After {retry} should count the ban down"

@@ -364,6 +364,45 @@ pub fn burst(
         .collect()
 }
 
+/// The ban tests' policies: `strict` (fixed_window, 2 per 1s, banned for 4s once it
+/// rejects) and `dry`, a shadow policy with a ban, which must ban nobody.
+pub fn ban_policies() -> String {
+    policy(
+        "strict",
+        "fixed_window",
+        2,
+        "1s",
+        "\"client_ip\"",
+        "ban = \"4s\"",
+    ) + &policy(
+        "dry",
+        "fixed_window",
+        1,
+        "1s",
+        "\"client_ip\"",
+        "ban = \"1h\"\nmode = \"shadow\"",
+    )
+}
+
+/// GETs `path` until the first rejection: two pass (three, if a window turns between them).
+pub fn first_rejection(s: &Sluice, path: &str) -> http::Response {
+    let mut first = s.get(path);
+    for _ in 0..3 {
+        if first.status == 429 {
+            break;
+        }
+        first = s.get(path);
+    }
+    first
+}
+
+/// The Retry-After of `r`, in seconds.
+pub fn retry_after(r: &http::Response) -> u64 {
+    r.header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After")
+}
+
 pub fn count_status(responses: &[http::Response], status: u16) -> usize {
     responses.iter().filter(|r| r.status == status).count()
 }
