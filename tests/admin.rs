@@ -6,7 +6,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::http::{self, Response};
-use common::redis::RedisServer;
+use common::redis::{RedisCluster, RedisSentinel, RedisServer};
+use common::relay::Relay;
 use common::{count_status, policy, Sluice, TempDir};
 
 const TOKEN: &str = "t0ken-for-tests";
@@ -121,21 +122,30 @@ fn admitted(fleet: &[Sluice], key: &str) -> usize {
     n
 }
 
-#[test]
-fn a_raised_limit_reaches_every_instance_and_a_reset_unblocks_the_fleet() {
-    let redis = RedisServer::start();
-    let limiter = format!(
-        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"500ms\"",
-        redis.url()
-    );
+/// Three instances sharing `limiter`: a reset unblocks all three at once, deny caches
+/// included; a raised limit reaches every one within a second and lets exactly the
+/// difference through; a deleted override restores the config; one with a ttl expires.
+fn the_fleet_follows_runtime_changes(limiter: &str) {
     let dir = TempDir::new();
-    let t = template(&limiter, Some(&token_file(&dir)));
+    let t = template(limiter, Some(&token_file(&dir)));
     let fleet: Vec<Sluice> = (0..3).map(|_| Sluice::start(&t)).collect();
     assert_eq!(admitted(&fleet, "k"), 3);
     // Every instance has it in its deny cache now.
     for s in &fleet {
         assert_eq!(hit(s, "k"), 429);
     }
+    // A reset through one instance unblocks all three at once (their deny caches forget
+    // k): the config's 3 again, from a fresh count, one on each instance.
+    assert_eq!(
+        call(&fleet[1], "DELETE", "/v1/quota/per_key?key=k", "").status,
+        204
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    for s in &fleet {
+        assert_eq!(hit(s, "k"), 200);
+    }
+    assert_eq!(admitted(&fleet, "k"), 0);
+
     let put = call(
         &fleet[0],
         "PUT",
@@ -153,17 +163,15 @@ fn a_raised_limit_reaches_every_instance_and_a_reset_unblocks_the_fleet() {
     assert_eq!(through, 2);
     let listed = call(&fleet[2], "GET", "/v1/overrides/per_key", "");
     assert!(listed.body.contains("\"k\""), "{}", listed.body);
+    // Deleted: the config's 3 apply to the count of 5 so far.
     assert_eq!(
         call(&fleet[1], "DELETE", "/v1/overrides/per_key?key=k", "").status,
         204
     );
-    assert_eq!(
-        call(&fleet[1], "DELETE", "/v1/quota/per_key?key=k", "").status,
-        204
-    );
     std::thread::sleep(Duration::from_secs(1));
-    // Config numbers again (3), from a fresh count, on all three at once.
-    assert_eq!(admitted(&fleet, "k"), 3);
+    assert_eq!(admitted(&fleet, "k"), 0);
+    let listed = call(&fleet[0], "GET", "/v1/overrides/per_key", "");
+    assert_eq!(listed.body.trim(), "[]");
 
     // An override with a ttl expires.
     let started = Instant::now();
@@ -187,6 +195,201 @@ fn a_raised_limit_reaches_every_instance_and_a_reset_unblocks_the_fleet() {
         200,
         "the override expired: limit 3 again"
     );
+}
+
+#[test]
+fn a_fleet_on_one_redis_follows_runtime_changes() {
+    let redis = RedisServer::start();
+    the_fleet_follows_runtime_changes(&format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"500ms\"",
+        redis.url()
+    ));
+}
+
+#[test]
+fn a_fleet_on_a_redis_cluster_follows_runtime_changes() {
+    let cluster = RedisCluster::start();
+    let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("\"{s}\"")).collect();
+    the_fleet_follows_runtime_changes(&format!(
+        "backend = \"redis\"\ncluster = [{}]\ntimeout = \"500ms\"",
+        seeds.join(", ")
+    ));
+}
+
+#[test]
+fn a_fleet_behind_sentinel_follows_runtime_changes() {
+    let master = RedisServer::start();
+    let sentinel = RedisSentinel::start(&master, "admin-fleet");
+    the_fleet_follows_runtime_changes(&format!(
+        "backend = \"redis\"\nsentinel = {{ master = \"admin-fleet\", nodes = [\"{}\"] }}\ntimeout = \"500ms\"",
+        sentinel.url()
+    ));
+}
+
+/// Polls `s`'s override list of `per_key` until it satisfies `cond` (within `within`).
+fn overrides_become(s: &Sluice, within: Duration, cond: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let listed = call(s, "GET", "/v1/overrides/per_key", "").body;
+        if cond(&listed) || Instant::now() > deadline {
+            return listed;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_instance_that_lost_redis_or_restarted_converges_to_the_fleet() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let limiter = |url: String| {
+        template(
+            &format!("backend = \"redis\"\nurl = \"{url}\"\ntimeout = \"500ms\""),
+            Some(&token_file(&dir)),
+        )
+    };
+    let direct = Sluice::start(&limiter(redis.url()));
+    let relay = Relay::start(format!("127.0.0.1:{}", redis.port()).parse().expect("addr"));
+    let cut_off = Sluice::start(&limiter(format!("redis://{}", relay.addr)));
+    assert_eq!(admitted(std::slice::from_ref(&cut_off), "k"), 3);
+
+    // `cut_off` loses Redis; meanwhile the fleet raises k's limit and sets another override,
+    // announced while it cannot hear.
+    relay.cut();
+    std::thread::sleep(Duration::from_millis(300));
+    for (key, limit) in [("k", 5), ("other", 7)] {
+        let put = call(
+            &direct,
+            "PUT",
+            &format!("/v1/overrides/per_key?key={key}"),
+            &format!("{{\"limit\": {limit}}}"),
+        );
+        assert_eq!(put.status, 200, "{}", put.body);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let unheard = call(&cut_off, "GET", "/v1/overrides/per_key", "").body;
+    assert!(!unheard.contains("other"), "heard through a cut: {unheard}");
+
+    // Back on Redis: it re-reads the overrides in full (its resubscription backs off up to 5 s).
+    relay.restore();
+    let listed = overrides_become(&cut_off, Duration::from_secs(10), |l| {
+        l.contains("\"k\"") && l.contains("\"other\"")
+    });
+    assert!(
+        listed.contains("\"k\"") && listed.contains("\"other\""),
+        "never converged: {listed}"
+    );
+    // And it acts on them: exactly the difference for k.
+    let through = (0..4).filter(|_| hit(&cut_off, "k") == 200).count();
+    assert_eq!(through, 2);
+
+    // A new instance (a restart) starts with the fleet's overrides.
+    let restarted = Sluice::start(&limiter(redis.url()));
+    let listed = overrides_become(&restarted, Duration::from_secs(2), |l| {
+        l.contains("\"other\"")
+    });
+    assert!(listed.contains("\"limit\": 7"), "{listed}");
+}
+
+/// Every key `key-<r>` for r in 1..=10,000 once, plus 2000/r more (a Zipf-like load): the
+/// five heaviest are key-1..key-5 with 2001, 1001, 667, 501 and 401 requests.
+fn zipf_requests() -> Vec<String> {
+    let mut keys = Vec::new();
+    for r in 1..=10_000usize {
+        keys.extend(std::iter::repeat_n(format!("key-{r}"), 1 + 2000 / r));
+    }
+    // A fixed shuffle (an LCG), so heavy and light keys interleave as in real traffic.
+    let mut x: u64 = 42;
+    for i in (1..keys.len()).rev() {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        keys.swap(i, (x >> 33) as usize % (i + 1));
+    }
+    keys
+}
+
+#[test]
+fn top_lists_the_heaviest_of_ten_thousand_keys_in_bounded_memory() {
+    let dir = TempDir::new();
+    let config = format!(
+        "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\n[admin]\nlisten = \"{{admin}}\"\ntoken_file = \"{}\"\ntop_keys = 500\n[limiter]\nbackend = \"memory\"\n{}\n[[routes]]\nname = \"r\"\npath = \"/r\"\nrespond = {{ status = 200, body = \"ok\\n\" }}\npolicies = [\"per_key\"]\n",
+        token_file(&dir),
+        policy("per_key", "fixed_window", 1_000_000, "1h", "\"header:x-api-key\"", "")
+    );
+    let s = Sluice::start(&config);
+    let keys = zipf_requests();
+    let total = keys.len();
+    // Four keep-alive connections, 100 pipelined requests at a time.
+    std::thread::scope(|scope| {
+        for part in keys.chunks(total.div_ceil(4)) {
+            scope.spawn(|| pipeline(&s, part));
+        }
+    });
+    let top = call(&s, "GET", "/v1/top/per_key?n=10", "");
+    assert_eq!(top.status, 200, "{}", top.body);
+    let list: serde_json::Value = serde_json::from_str(&top.body).expect("top JSON");
+    let named: Vec<&str> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|e| e["key"][0].as_str().expect("a key"))
+        .collect();
+    for r in 1..=5 {
+        assert!(
+            named.contains(&format!("key-{r}").as_str()),
+            "key-{r} not in {named:?}"
+        );
+    }
+    // Each estimate is within its reported error of the truth, and the error within the
+    // sketch's bound: total requests / slots.
+    for e in list.as_array().expect("a list") {
+        let r: usize = e["key"][0].as_str().expect("key")[4..]
+            .parse()
+            .expect("rank");
+        let truth = (1 + 2000 / r) as u64;
+        let (requests, error) = (
+            e["requests"].as_u64().expect("n"),
+            e["error"].as_u64().expect("e"),
+        );
+        assert!(
+            requests >= truth && requests - error <= truth,
+            "{e} (truth {truth})"
+        );
+        assert!(error <= (total / 500) as u64, "{e}");
+    }
+}
+
+/// Sends `keys` as requests on one connection, 100 pipelined at a time; all must pass.
+fn pipeline(s: &Sluice, keys: &[String]) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(s.addr).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    for batch in keys.chunks(100) {
+        let mut raw = String::new();
+        for key in batch {
+            raw.push_str(&format!(
+                "GET /r HTTP/1.1\r\nHost: t\r\nx-api-key: {key}\r\n\r\n"
+            ));
+        }
+        conn.write_all(raw.as_bytes()).expect("send");
+        let (mut seen, mut buf, mut answers) = (0, [0u8; 65536], Vec::new());
+        while seen < batch.len() {
+            let n = conn.read(&mut buf).expect("answers");
+            assert!(n > 0, "closed after {seen} of {} answers", batch.len());
+            answers.extend_from_slice(&buf[..n]);
+            seen = count(&answers, b"HTTP/1.1 ");
+        }
+        assert_eq!(count(&answers, b"HTTP/1.1 200"), batch.len());
+    }
+}
+
+fn count(haystack: &[u8], needle: &[u8]) -> usize {
+    haystack
+        .windows(needle.len())
+        .filter(|w| w == &needle)
+        .count()
 }
 
 /// `sluice admin …` with the address and token from the config file.

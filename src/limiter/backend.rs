@@ -1,5 +1,7 @@
 //! What a limiter backend does: store state and decide a batch of checks atomically.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use super::algorithm::{Rule, Verdict};
@@ -112,4 +114,32 @@ pub trait Backend: Send + Sync {
     async fn announce(&self, _channel: &str, _message: &str) -> Result<(), BackendError> {
         Ok(())
     }
+
+    /// A shared backend: starts a task handing `listener` every message announced on
+    /// `channel`, catching it up after every (re)connection, until the listener is no longer
+    /// wanted or the task is aborted. None when there is no fleet to follow.
+    fn follow(
+        &self,
+        _channel: &str,
+        _listener: Arc<dyn Listener>,
+    ) -> Option<tokio::task::AbortHandle> {
+        None
+    }
+}
+
+/// Whoever follows a channel of a shared backend.
+#[async_trait]
+pub trait Listener: Send + Sync {
+    /// Whether the follower is still needed; when not, following ends.
+    fn wanted(&self) -> bool;
+
+    /// After every (re)subscription: catch up on what may have been announced unheard.
+    /// An error makes the follower subscribe again.
+    async fn subscribed(&self) -> Result<(), String>;
+
+    /// One announcement.
+    async fn message(&self, text: &str);
+
+    /// While subscribed, every few seconds (a quiet channel's safety net).
+    async fn probed(&self) {}
 }

@@ -10,6 +10,7 @@ pub mod clock;
 mod deny_cache;
 pub mod memory;
 pub mod overrides;
+mod pubsub;
 pub mod redis;
 pub mod runtime;
 mod scripts;
@@ -285,21 +286,18 @@ impl Limiter {
         shared.set_deny_cache(deny_cache.clone());
         let follower = match same {
             Some(p) => p.follower.clone(),
-            None if backend.shared() => {
-                let url = match &settings.backend {
-                    config::Backend::Redis(url) => Some(url.clone()),
-                    _ => None,
-                };
-                let task = tokio::spawn(runtime::follow(
-                    Arc::downgrade(&shared),
-                    backend.clone(),
-                    url,
-                    settings.key_prefix.clone(),
-                    settings.timeout.max(Duration::from_millis(250)),
-                ));
-                Some(Arc::new(Follower(task.abort_handle())))
+            None => {
+                let listener = Arc::new(runtime::FleetListener {
+                    shared: Arc::downgrade(&shared),
+                    backend: backend.clone(),
+                    hash: runtime::hash_name(&settings.key_prefix),
+                    io_timeout: settings.timeout.max(Duration::from_millis(250)),
+                });
+                let channel = runtime::channel_name(&settings.key_prefix);
+                backend
+                    .follow(&channel, listener)
+                    .map(|task| Arc::new(Follower(task)))
             }
-            None => None,
         };
         let slots = cfg.admin.top_keys;
         let top = if slots == 0 {

@@ -28,8 +28,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
-use futures_util::StreamExt;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, PubSub};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
@@ -40,7 +39,8 @@ use redis::{
 };
 
 use super::algorithm::Verdict;
-use super::backend::{Backend, BackendError, Check};
+use super::backend::{Backend, BackendError, Check, Listener};
+use super::pubsub;
 use super::scripts::{self, Mode, Reply};
 use crate::config::{self, ClockSource};
 
@@ -51,17 +51,11 @@ const RESOLVE_PAUSE: Duration = Duration::from_millis(200);
 /// `<master-name> <old-ip> <old-port> <new-ip> <new-port>`.
 const SWITCH_CHANNEL: &str = "+switch-master";
 
-/// Pauses between two attempts to subscribe to one sentinel: doubling from the first to
-/// the last, so a sentinel that is down costs one connection attempt every few seconds.
-const FOLLOW_PAUSE_FIRST: Duration = Duration::from_millis(100);
-const FOLLOW_PAUSE_LAST: Duration = Duration::from_secs(5);
-
-/// How often a quiet subscription is checked with PING: a connection that died without a
-/// word (a host gone, a partition) is then noticed and replaced within this and `io_timeout`.
-const FOLLOW_PROBE: Duration = Duration::from_secs(5);
-
 pub struct RedisBackend {
     store: Store,
+    /// Where the fleet's announcements are heard (besides a Sentinel's current master):
+    /// the one server, or the seeds of a cluster, whose every node relays every PUBLISH.
+    relays: Vec<ConnectionInfo>,
     clock: ClockSource,
     /// Bounds connecting, one reply, and `ping`.
     io_timeout: Duration,
@@ -91,6 +85,7 @@ impl RedisBackend {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1));
+        let mut relays = Vec::new();
         let store = match &cfg.backend {
             config::Backend::Memory => {
                 return Err(BackendError::Connection(
@@ -99,6 +94,7 @@ impl RedisBackend {
             }
             config::Backend::Redis(url) => {
                 let client = Client::open(url.as_str()).map_err(|e| config_error(url, &e))?;
+                relays.push(client.get_connection_info().clone());
                 let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
                     .map_err(|e| config_error(url, &e))?;
                 Store::Single(manager)
@@ -108,6 +104,10 @@ impl RedisBackend {
                     .retries(3)
                     .build()
                     .map_err(|e| config_error(&seeds.join(", "), &e))?;
+                relays = seeds
+                    .iter()
+                    .filter_map(|seed| seed.as_str().into_connection_info().ok())
+                    .collect();
                 let cluster_config = ClusterConfig::new()
                     .set_connection_timeout(io_timeout)
                     .set_response_timeout(io_timeout);
@@ -126,6 +126,7 @@ impl RedisBackend {
         };
         let backend = RedisBackend {
             store,
+            relays,
             clock: cfg.clock,
             io_timeout,
             io: tokio::runtime::Handle::current(),
@@ -396,6 +397,27 @@ impl Backend for RedisBackend {
         self.run(async move { store.query::<i64>(cmd).await.map(|_| ()) })
             .await
     }
+
+    fn follow(
+        &self,
+        channel: &str,
+        listener: Arc<dyn Listener>,
+    ) -> Option<tokio::task::AbortHandle> {
+        let (relays, channel, io_timeout) =
+            (self.relays.clone(), channel.to_owned(), self.io_timeout);
+        let sentinel = match &self.store {
+            Store::Sentinel(s) => Some(s.clone()),
+            _ => None,
+        };
+        let targets = move || match &sentinel {
+            Some(s) => s.master_info().into_iter().collect(),
+            None => relays.clone(),
+        };
+        let task = self.io.spawn(async move {
+            pubsub::follow("runtime overrides", &channel, targets, listener, io_timeout).await
+        });
+        Some(task.abort_handle())
+    }
 }
 
 /// One script call.
@@ -662,11 +684,19 @@ impl SentinelStore {
     fn follow_switches(self: &Arc<Self>) {
         let mut followers = self.followers.lock();
         for sentinel in &self.sentinels {
-            let task = tokio::spawn(follow(
-                Arc::downgrade(self),
-                sentinel.clone(),
-                self.io_timeout,
-            ));
+            let (sentinel, io_timeout) = (sentinel.clone(), self.io_timeout);
+            let listener = Arc::new(SwitchListener(Arc::downgrade(self)));
+            let task = tokio::spawn(async move {
+                let targets = || vec![sentinel.clone()];
+                pubsub::follow(
+                    "redis limiter",
+                    SWITCH_CHANNEL,
+                    targets,
+                    listener,
+                    io_timeout,
+                )
+                .await
+            });
             followers.push(task.abort_handle());
         }
     }
@@ -682,6 +712,17 @@ impl SentinelStore {
                 ))
             }
         }
+    }
+
+    /// How to reach the current master (for Pub/Sub); None, and a look-up under way, when
+    /// none is known.
+    fn master_info(self: &Arc<Self>) -> Option<ConnectionInfo> {
+        let Some(master) = self.master.load_full() else {
+            self.resolve_later();
+            return None;
+        };
+        let info = master.0.clone().into_connection_info().ok()?;
+        Some(info.set_redis_settings(self.master_settings.clone()))
     }
 
     /// Looks the master up again after an error that says it moved or went away.
@@ -812,93 +853,26 @@ fn parse_switch(announcement: &str) -> Option<(&str, &str, u16)> {
     Some((name, host, port))
 }
 
-/// Follows one sentinel's `+switch-master` announcements for as long as `store` lives,
-/// subscribing again after a pause (doubling up to `FOLLOW_PAUSE_LAST`) whenever the
-/// connection fails. Every new subscription also looks the master up once: a switch may
-/// have been announced while it was not listening.
-async fn follow(store: Weak<SentinelStore>, sentinel: ConnectionInfo, io_timeout: Duration) {
-    let at = sentinel.addr().to_string();
-    let mut pause = FOLLOW_PAUSE_FIRST;
-    let mut complained = false;
-    loop {
-        match subscribe(&sentinel, io_timeout).await {
-            Ok(pubsub) => {
-                pause = FOLLOW_PAUSE_FIRST;
-                complained = false;
-                log::debug!("redis limiter: following {SWITCH_CHANNEL} on sentinel {at}");
-                match store.upgrade() {
-                    Some(store) => store.resolve_later(),
-                    None => return,
-                }
-                match listen(&store, pubsub, io_timeout).await {
-                    Some(why) => log::warn!(
-                        "redis limiter: lost the {SWITCH_CHANNEL} subscription on sentinel {at} ({why}); subscribing again"
-                    ),
-                    None => return,
-                }
-            }
-            Err(e) if !complained => {
-                complained = true;
-                log::warn!(
-                    "redis limiter: cannot follow {SWITCH_CHANNEL} on sentinel {at} ({e}); will keep trying"
-                );
-            }
-            Err(_) => {}
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(FOLLOW_PAUSE_LAST);
-        if store.strong_count() == 0 {
-            return;
-        }
-    }
-}
+/// Hands a sentinel's `+switch-master` announcements to the store while it lives.
+struct SwitchListener(Weak<SentinelStore>);
 
-/// A connection to `sentinel` subscribed to `+switch-master`, within `io_timeout`.
-async fn subscribe(sentinel: &ConnectionInfo, io_timeout: Duration) -> Result<PubSub, String> {
-    let subscribed = async {
-        let mut pubsub = Client::open(sentinel.clone())?.get_async_pubsub().await?;
-        pubsub.subscribe(SWITCH_CHANNEL).await?;
-        Ok::<_, RedisError>(pubsub)
-    };
-    match tokio::time::timeout(io_timeout, subscribed).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("no answer within {io_timeout:?}")),
+#[async_trait]
+impl Listener for SwitchListener {
+    fn wanted(&self) -> bool {
+        self.0.strong_count() > 0
     }
-}
 
-/// Hands every announcement to `store` until the connection fails (returns why) or the
-/// store is gone (returns None).
-async fn listen(
-    store: &Weak<SentinelStore>,
-    pubsub: PubSub,
-    io_timeout: Duration,
-) -> Option<String> {
-    let (mut sink, mut messages) = pubsub.split();
-    let mut probe = tokio::time::interval(FOLLOW_PROBE);
-    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    probe.tick().await;
-    loop {
-        tokio::select! {
-            message = messages.next() => {
-                let Some(message) = message else {
-                    return Some("the sentinel closed the connection".into());
-                };
-                let store = store.upgrade()?;
-                match message.get_payload::<String>() {
-                    Ok(announcement) => store.switch(&announcement),
-                    Err(e) => log::warn!("redis limiter: unreadable {SWITCH_CHANNEL} message: {e}"),
-                }
-            }
-            _ = probe.tick() => {
-                if store.strong_count() == 0 {
-                    return None;
-                }
-                match tokio::time::timeout(io_timeout, sink.ping::<redis::Value>()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return Some(e.to_string()),
-                    Err(_) => return Some(format!("no answer to PING within {io_timeout:?}")),
-                }
-            }
+    /// A switch may have been announced while nobody listened: look the master up.
+    async fn subscribed(&self) -> Result<(), String> {
+        if let Some(store) = self.0.upgrade() {
+            store.resolve_later();
+        }
+        Ok(())
+    }
+
+    async fn message(&self, text: &str) {
+        if let Some(store) = self.0.upgrade() {
+            store.switch(text);
         }
     }
 }

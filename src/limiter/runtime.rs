@@ -1,7 +1,8 @@
 //! Runtime overrides (DESIGN §9.2): one key's numbers set through the admin API, winning
 //! over the config. Held in-process; with a shared backend also in a hash under
-//! `key_prefix`, with every change announced on a channel that every instance follows and
-//! the hash re-read in full after every (re)subscription, so instances converge.
+//! `key_prefix`, with every change announced on a channel that every instance follows
+//! (`FleetListener`) and the hash re-read in full after every (re)subscription, so
+//! instances converge.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -9,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::StreamExt;
+use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
-use super::backend::Backend;
+use super::backend::{Backend, Listener};
 use super::deny_cache::DenyCache;
 use crate::config::Numbers;
 
@@ -164,116 +165,55 @@ pub async fn reload(shared: &Shared, backend: &dyn Backend, hash: &str) -> Resul
     Ok(())
 }
 
-/// Pauses between attempts to subscribe, and the full re-read while subscribed (a safety
-/// net for expiry clean-up; messages make changes arrive at once).
-const PAUSE_FIRST: Duration = Duration::from_millis(100);
-const PAUSE_LAST: Duration = Duration::from_secs(2);
-const REREAD: Duration = Duration::from_secs(10);
-/// Without a channel to follow (Cluster, Sentinel): how often the hash is read.
-const POLL: Duration = Duration::from_millis(500);
+/// Keeps `shared` in step with the fleet: reads the hash in full after every
+/// (re)subscription and every probe, applies each announcement as it comes.
+pub struct FleetListener {
+    pub shared: Weak<Shared>,
+    pub backend: Arc<dyn Backend>,
+    pub hash: String,
+    pub io_timeout: Duration,
+}
 
-/// Follows the fleet's changes while `shared` lives. `url`: a single Redis to subscribe
-/// to; without one the hash is polled.
-pub async fn follow(
-    shared: Weak<Shared>,
-    backend: Arc<dyn Backend>,
-    url: Option<String>,
-    key_prefix: String,
-    io_timeout: Duration,
-) {
-    let (hash, channel) = (hash_name(&key_prefix), channel_name(&key_prefix));
-    let Some(url) = url else {
-        loop {
-            let Some(s) = shared.upgrade() else { return };
-            if let Ok(Err(e)) =
-                tokio::time::timeout(io_timeout, reload(&s, backend.as_ref(), &hash)).await
-            {
-                log::debug!("runtime overrides: {e}");
-            }
-            drop(s);
-            tokio::time::sleep(POLL).await;
-        }
-    };
-    let mut pause = PAUSE_FIRST;
-    let mut complained = false;
-    loop {
-        let subscribed = async {
-            let mut pubsub = redis::Client::open(url.as_str())?
-                .get_async_pubsub()
-                .await?;
-            pubsub.subscribe(&channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
+impl FleetListener {
+    async fn reload(&self) -> Result<(), String> {
+        let Some(shared) = self.shared.upgrade() else {
+            return Ok(());
         };
-        match tokio::time::timeout(io_timeout, subscribed).await {
-            Ok(Ok(pubsub)) => {
-                pause = PAUSE_FIRST;
-                complained = false;
-                let why = listen(&shared, backend.as_ref(), &hash, pubsub, io_timeout).await;
-                match why {
-                    Some(why) => {
-                        log::warn!("runtime overrides: lost {channel} ({why}); subscribing again")
-                    }
-                    None => return,
-                }
-            }
-            Ok(Err(e)) if !complained => {
-                complained = true;
-                log::warn!("runtime overrides: cannot follow {channel} ({e}); will keep trying");
-            }
-            _ => {}
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(PAUSE_LAST);
-        if shared.strong_count() == 0 {
-            return;
+        match tokio::time::timeout(
+            self.io_timeout,
+            reload(&shared, self.backend.as_ref(), &self.hash),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within {:?}", self.io_timeout)),
         }
     }
 }
 
-/// Handles announcements until the connection fails (returns why) or `shared` is gone.
-async fn listen(
-    shared: &Weak<Shared>,
-    backend: &dyn Backend,
-    hash: &str,
-    pubsub: redis::aio::PubSub,
-    io_timeout: Duration,
-) -> Option<String> {
-    // Subscribed first, then read: a change made in between is in the read or announced.
-    {
-        let s = shared.upgrade()?;
-        if let Ok(Err(e)) = tokio::time::timeout(io_timeout, reload(&s, backend, hash)).await {
-            return Some(e);
+#[async_trait]
+impl Listener for FleetListener {
+    fn wanted(&self) -> bool {
+        self.shared.strong_count() > 0
+    }
+
+    async fn subscribed(&self) -> Result<(), String> {
+        self.reload().await
+    }
+
+    async fn message(&self, text: &str) {
+        if let Some(key) = text.strip_prefix(RESET) {
+            if let Some(shared) = self.shared.upgrade() {
+                shared.forget(key);
+            }
+        } else if let Err(e) = self.reload().await {
+            log::warn!("runtime overrides: re-reading after {text:?} failed: {e}");
         }
     }
-    let (mut sink, mut messages) = pubsub.split();
-    let mut tick = tokio::time::interval(REREAD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            message = messages.next() => {
-                let Some(message) = message else {
-                    return Some("the server closed the connection".into());
-                };
-                let s = shared.upgrade()?;
-                let text: String = message.get_payload().unwrap_or_default();
-                if let Some(key) = text.strip_prefix(RESET) {
-                    s.forget(key);
-                } else if let Ok(Err(e)) =
-                    tokio::time::timeout(io_timeout, reload(&s, backend, hash)).await
-                {
-                    log::warn!("runtime overrides: re-reading after {text:?} failed: {e}");
-                }
-            }
-            _ = tick.tick() => {
-                let s = shared.upgrade()?;
-                match tokio::time::timeout(io_timeout, sink.ping::<redis::Value>()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return Some(e.to_string()),
-                    Err(_) => return Some("no answer to PING".into()),
-                }
-                let _ = tokio::time::timeout(io_timeout, reload(&s, backend, hash)).await;
-            }
+
+    async fn probed(&self) {
+        if let Err(e) = self.reload().await {
+            log::debug!("runtime overrides: re-reading failed: {e}");
         }
     }
 }

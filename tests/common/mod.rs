@@ -3,6 +3,7 @@
 
 pub mod http;
 pub mod redis;
+pub mod relay;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
