@@ -51,13 +51,20 @@ pub enum AdminCall {
         #[arg(required = true)]
         key: Vec<String>,
     },
-    /// Give a key its own numbers on every instance
+    /// Every policy with its numbers and overrides
+    Policies,
+    /// A policy's runtime overrides
+    Overrides { policy: String },
+    /// Give a key its own numbers on every instance (or, with --delete, the config's again)
     Override {
         policy: String,
         #[arg(required = true)]
         key: Vec<String>,
-        #[arg(long)]
-        limit: u64,
+        #[arg(long, required_unless_present = "delete")]
+        limit: Option<u64>,
+        /// Delete the key's runtime override
+        #[arg(long, conflicts_with_all = ["limit", "burst", "period", "ttl"])]
+        delete: bool,
         #[arg(long)]
         burst: Option<u64>,
         /// e.g. "1m"

@@ -6,7 +6,8 @@
 //! - `key`: the client IP and the rate key of a policy for a request.
 //! - `limiter`: deciding a route's policies together; `memory` and `redis` backends only
 //!   store; `overrides` (config) and `runtime` (admin API) give a key its numbers; `top`
-//!   the heaviest keys.
+//!   the heaviest keys; `pubsub` follows a Redis channel (Sentinel switches, the fleet's
+//!   runtime changes).
 //! - `proxy`: the Pingora proxy phases; `connection` bounds each client connection
 //!   (deadlines, per-address cap); `upstream` pools (pingora::lb selection, active and
 //!   passive health); responses.

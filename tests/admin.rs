@@ -437,8 +437,21 @@ fn the_admin_cli_reads_address_and_token_from_the_config() {
     );
     assert_eq!(hit(&s, "k-cli"), 429);
 
+    let (ok, out, err) = cli(&s, &["overrides", "per_key"]);
+    assert!(
+        ok && out.contains("k-cli") && out.contains("\"limit\": 5"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = cli(&s, &["policies"]);
+    assert!(ok && out.contains("per_key"), "{out}{err}");
+
     let (ok, out, err) = cli(&s, &["top", "per_key", "-n", "5"]);
     assert!(ok && out.contains("k-cli"), "{out}{err}");
+
+    let (ok, _, err) = cli(&s, &["override", "per_key", "k-cli", "--delete"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = cli(&s, &["overrides", "per_key"]);
+    assert!(ok && out.trim() == "[]", "{out}{err}");
 
     let (ok, _, err) = cli(&s, &["reset", "per_key", "k-cli"]);
     assert!(ok, "{err}");

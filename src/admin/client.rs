@@ -61,6 +61,21 @@ fn request(call: &AdminCall) -> (&'static str, String, String) {
     match call {
         AdminCall::Quota { policy, key } => ("GET", keyed("quota", policy, key), String::new()),
         AdminCall::Reset { policy, key } => ("DELETE", keyed("quota", policy, key), String::new()),
+        AdminCall::Policies => ("GET", "/v1/policies".to_owned(), String::new()),
+        AdminCall::Overrides { policy } => (
+            "GET",
+            format!(
+                "/v1/overrides/{}",
+                utf8_percent_encode(policy, NON_ALPHANUMERIC)
+            ),
+            String::new(),
+        ),
+        AdminCall::Override {
+            policy,
+            key,
+            delete: true,
+            ..
+        } => ("DELETE", keyed("overrides", policy, key), String::new()),
         AdminCall::Override {
             policy,
             key,
@@ -68,6 +83,7 @@ fn request(call: &AdminCall) -> (&'static str, String, String) {
             burst,
             period,
             ttl,
+            delete: false,
         } => {
             let mut body = serde_json::json!({ "limit": limit });
             if let Some(burst) = burst {
@@ -138,16 +154,30 @@ mod tests {
         let (m, p, b) = request(&AdminCall::Override {
             policy: "p".into(),
             key: vec!["k".into()],
-            limit: 10,
+            limit: Some(10),
             burst: None,
             period: Some("1m".into()),
             ttl: Some("30d".into()),
+            delete: false,
         });
         assert_eq!((m, p.as_str()), ("PUT", "/v1/overrides/p?key=k"));
         let body: serde_json::Value = serde_json::from_str(&b).unwrap_or_default();
         assert_eq!(
             body,
             serde_json::json!({"limit": 10, "period": "1m", "ttl": "30d"})
+        );
+        let (m, p, b) = request(&AdminCall::Override {
+            policy: "p".into(),
+            key: vec!["k".into()],
+            limit: None,
+            burst: None,
+            period: None,
+            ttl: None,
+            delete: true,
+        });
+        assert_eq!(
+            (m, p.as_str(), b.as_str()),
+            ("DELETE", "/v1/overrides/p?key=k", "")
         );
     }
 
