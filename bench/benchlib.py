@@ -383,10 +383,11 @@ def report(rundir):
             if worst >= 10:
                 notes.append(f"contender {cid}: other processes used up to {worst:.0f}% of the "
                              "machine's CPU during a measured run: its numbers are disturbed")
+            own_sl = sums.get("4*", {}).get("rps") if cid.endswith("*") else base_sl
             lines.append(
                 f"| {cid} | {label} | {fmt_num(s['rps'])} | {fmt_ms(s['p50'])} | {fmt_ms(s['p99'])} "
                 f"| {fmt_num(s['non2xx'])} ({s['non2xx_pct']:.1f}%) "
-                f"| {fmt_ratio(s['rps'], base_up)} | {fmt_ratio(s['rps'], base_sl)} "
+                f"| {fmt_ratio(s['rps'], base_up)} | {fmt_ratio(s['rps'], own_sl)} "
                 f"| {fmt_num(s['core_pct'])} | {fmt_num(s['cpu_us_req'], 1)} | {rounds} |")
             if s["failed"]:
                 notes.append(f"contender {cid}: {s['failed']} round(s) produced no wrk result")
@@ -394,6 +395,20 @@ def report(rundir):
             if errs:
                 notes.append(f"contender {cid}: wrk socket errors (all rounds) "
                              + ", ".join(f"{k} {v}" for k, v in errs.items()))
+
+        twins = [cid for cid in order if cid + "*" in sums and "rps" in sums[cid]
+                 and "rps" in sums[cid + "*"]]
+        if twins:
+            lines += ["", "## A/B: this build against the baseline (same rounds)", "",
+                      "| # | contender | req/s ratio | p99 ratio | proxy CPU µs / request | "
+                      "baseline µs / request | CPU ratio |",
+                      "|---|---|---:|---:|---:|---:|---:|"]
+            for cid in twins:
+                a, b = sums[cid], sums[cid + "*"]
+                lines.append(
+                    f"| {cid} | {runs[cid]['label']} | {fmt_ratio(a['rps'], b['rps'])} "
+                    f"| {fmt_ratio(a['p99'], b['p99'])} | {fmt_num(a['cpu_us_req'], 1)} "
+                    f"| {fmt_num(b['cpu_us_req'], 1)} | {fmt_ratio(a['cpu_us_req'], b['cpu_us_req'])} |")
 
         tls_sl, tls_ngx = sums.get("9b", {}), sums.get("9a", {})
         if "rps" in tls_sl and "rps" in tls_ngx:

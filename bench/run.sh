@@ -13,6 +13,8 @@
 #   CONTENDERS         subset to run, e.g. "1 2 4" [1 2 3 3b 4 5 6 7 8a 8b 9a 9b]
 #   ALGORITHMS         subset for the Redis-per-algorithm section, or "none"
 #                      [fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency]
+#   BASELINE           a second sluice binary: every sluice contender N also runs with it,
+#                      as N*, right after N in each round; the report adds an A/B table
 #   OUT [bench/results/latest.md]   where the Markdown report is written
 #   KEEP_TMP [0]       1 = keep the temp dir (configs, logs, raw wrk output) after the run
 #
@@ -77,6 +79,10 @@ for c in $CONTENDERS; do case $c in 6|7|8a|8b) needs_redis=1 ;; esac; done
 SLUICE=$1
 SLUICE_VERSION="not used"
 if [ $needs_sluice -eq 1 ]; then
+    if [ -n "${BASELINE:-}" ]; then
+        resolve_sluice "$BASELINE"
+        BASELINE=$SLUICE BASELINE_VERSION=$SLUICE_VERSION
+    fi
     resolve_sluice "$1"
 fi
 
@@ -191,8 +197,8 @@ sluice_conf() {
 
 # contender_info CID -> LABEL KIND BACKEND DENY POLICIES ROUTE_POL
 contender_info() {
-    BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http
-    case $1 in
+    BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http BIN=$SLUICE
+    case ${1%\*} in
         1)  LABEL="upstream direct (nginx return 200)"; KIND=upstream ;;
         2)  LABEL="nginx proxy, keepalive"; KIND=nginx ;;
         3)  LABEL="nginx proxy + limit_req"; KIND=nginx_limit ;;
@@ -209,6 +215,7 @@ contender_info() {
         9a) LABEL="nginx proxy, HTTPS keep-alive"; KIND=nginx; SCHEME=https ;;
         9b) LABEL="sluice, no policies, HTTPS keep-alive"; KIND=sluice; SCHEME=https ;;
     esac
+    if [ "${1%\*}" != "$1" ]; then LABEL="$LABEL [baseline]"; BIN=$BASELINE; fi
 }
 
 # ------------------------------------------------------------------ load
@@ -221,7 +228,7 @@ run_wrk() {
 # The contender is already listening; warm up, measure, collect stats, append to manifest.
 measure() {
     local id=$1 label=$2 round=$3 port=$4 pid=$5 name=$6 uses_redis=$7 admin=$8 dur=$9 dur_s=${10} manifest=${11}
-    local base="$TMP/runs/$id.r$round" redisf=- metf=- rc=0
+    local base="$TMP/runs/${id/\*/-base}.r$round" redisf=- metf=- rc=0
     if [ "$WARMUP" != 0 ]; then
         run_wrk "$port" "$WARMUP_S" "$WARMUP" "$base.warmup.txt" || true
     fi
@@ -254,7 +261,7 @@ measure() {
 
 # run_contender CID ROUND
 run_contender() {
-    local cid=$1 round=$2 port pid=- name="c$1.r$2" uses_redis=0 admin=-
+    local cid=$1 round=$2 port pid=- name="c${1/\*/-base}.r$2" uses_redis=0 admin=-
     contender_info "$cid"
     case $KIND in
         upstream)
@@ -286,7 +293,7 @@ $NGINX_LIMIT_HTTP" "$NGINX_LIMIT_LOC"
             read -r port admin <<<"$(python3 "$LIB" ports 2)"
             [ "$BACKEND" = redis ] && { uses_redis=1; redis_cli FLUSHALL >/dev/null; }
             sluice_conf "$TMP/conf/$name.toml" "$port" "$admin" "$BACKEND" "$DENY" "$POLICIES" "$ROUTE_POL"
-            if ! start_sluice "$name" "$TMP/conf/$name.toml" "$port"; then
+            if ! SLUICE=$BIN start_sluice "$name" "$TMP/conf/$name.toml" "$port"; then
                 printf '%s\t%s\t%s\t%s\t-\t-\n' "$cid" "$LABEL" "$round" "/dev/null" >>"$TMP/manifest.tsv"
                 return 0
             fi
@@ -358,11 +365,17 @@ fi
     echo "- command: \`DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WORKERS=$WORKERS WARMUP=$WARMUP ALG_DURATION=$ALG_DURATION $INVOCATION\`"
     echo "- load: \`wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency http://127.0.0.1:PORT/\` (\`https://\` for 9a and 9b, TLS 1.3, one handshake per connection) per contender and round, $( [ "$WARMUP" = 0 ] && echo "no warm-up" || echo "after a $WARMUP unmeasured warm-up"); $ROUNDS round(s), order reversed on even rounds; median reported"
     echo "- workers: nginx proxy worker_processes = HAProxy nbthread = sluice threads = $WORKERS; upstream nginx: 1 worker, \`return 200 \"ok\\n\"\`"
+    [ -n "${BASELINE:-}" ] && echo "- A/B: rows N* run the baseline \`$BASELINE\` ($BASELINE_VERSION) right after row N in every round (before it in reversed rounds)"
     echo "- versions: sluice: $SLUICE_VERSION; $(nginx -v 2>&1 | head -n1); $(haproxy -v 2>&1 | head -n1 | cut -d' ' -f1-3); $(redis-server --version | cut -d' ' -f1-3); $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
 } >"$TMP/header.md"
 
-# Rounds: A B C ... then ... C B A, and so on.
-read -r -a order <<<"$CONTENDERS"
+# Rounds: A B C ... then ... C B A, and so on; a baseline twin follows each sluice contender.
+order=()
+for cid in $CONTENDERS; do
+    order+=("$cid")
+    contender_info "$cid"
+    if [ -n "${BASELINE:-}" ] && [ "$KIND" = sluice ]; then order+=("$cid*"); fi
+done
 for round in $(seq "$ROUNDS"); do
     if [ $((round % 2)) -eq 0 ]; then
         list=(); for ((i = ${#order[@]} - 1; i >= 0; i--)); do list+=("${order[$i]}"); done

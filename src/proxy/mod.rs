@@ -4,6 +4,7 @@ pub mod connection;
 pub mod response;
 pub mod upstream;
 
+use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -309,10 +310,10 @@ impl ProxyHttp for Proxy {
         let server = pool.pick(ctx.client_ip, &ctx.upstream_tried);
         ctx.upstream_tried.push(server.addr);
         let cfg = &pool.config;
-        let sni = if cfg.sni.is_empty() {
-            server.addr.ip().to_string()
-        } else {
-            cfg.sni.clone()
+        let sni = match (cfg.tls, cfg.sni.is_empty()) {
+            (false, _) => String::new(),
+            (true, true) => server.addr.ip().to_string(),
+            (true, false) => cfg.sni.clone(),
         };
         let mut peer = HttpPeer::new(server.addr, cfg.tls, sni);
         if cfg.protocol == UpstreamProtocol::H2 {
@@ -425,18 +426,12 @@ impl ProxyHttp for Proxy {
         }
         // Append the TCP peer, as nginx's $proxy_add_x_forwarded_for does.
         if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
-            let forwarded = match upstream
-                .headers
-                .get("x-forwarded-for")
-                .map(|v| v.as_bytes().to_vec())
-            {
-                Some(mut existing) => {
-                    existing.extend_from_slice(b", ");
-                    existing.extend_from_slice(peer.ip().to_string().as_bytes());
-                    existing
-                }
-                None => peer.ip().to_string().into_bytes(),
-            };
+            let mut forwarded = Vec::with_capacity(64);
+            if let Some(existing) = upstream.headers.get("x-forwarded-for") {
+                forwarded.extend_from_slice(existing.as_bytes());
+                forwarded.extend_from_slice(b", ");
+            }
+            let _ = write!(forwarded, "{}", peer.ip());
             upstream.insert_header("X-Forwarded-For", forwarded)?;
         }
         Ok(())
@@ -477,15 +472,16 @@ impl ProxyHttp for Proxy {
                 .map(|r| r.status.as_u16())
                 .unwrap_or(if e.is_some() { 502 } else { 0 }),
         };
-        let route = ctx.route_name().to_owned();
+        let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();
         let m = &self.app.metrics;
         let protocol = if session.is_http2() { "h2" } else { "http1" };
+        let code = http::StatusCode::from_u16(status).ok();
         m.http_requests
-            .with_label_values(&[protocol, &route, &status.to_string()])
+            .with_label_values(&[protocol, route, code.as_ref().map_or("0", |c| c.as_str())])
             .inc();
         m.http_duration
-            .with_label_values(&[&route])
+            .with_label_values(&[route])
             .observe(elapsed.as_secs_f64());
         let Some(gateway) = &ctx.gateway else { return };
         if let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route) {
@@ -500,7 +496,7 @@ impl ProxyHttp for Proxy {
         }
         let format = gateway.config.server.access_log;
         if format != AccessLog::Off {
-            access_log(format, session, ctx, gateway, &route, status, elapsed);
+            access_log(format, session, ctx, gateway, route, status, elapsed);
         }
     }
 }
