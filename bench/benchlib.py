@@ -354,6 +354,36 @@ def summarize(run):
     return s
 
 
+def key_ratios(sums):
+    """The ratios issue 13 sets targets for, from the rows present."""
+    def get(cid, field):
+        return sums.get(cid, {}).get(field)
+
+    def ratio(a, b):
+        return f"{a / b:.2f}×" if a is not None and b else None
+
+    rows = [
+        ("gcra, memory / no policies (req/s)", ratio(get("5", "rps"), get("4", "rps"))),
+        ("gcra, Redis / no policies (req/s)", ratio(get("6", "rps"), get("4", "rps"))),
+        ("three policies, Redis / no policies (req/s)", ratio(get("7", "rps"), get("4", "rps"))),
+        ("no policies: proxy CPU per request / nginx proxy's",
+         ratio(get("4", "cpu_us_req"), get("2", "cpu_us_req"))),
+        ("gcra, Redis: p99 / no policies' p99", ratio(get("6", "p99"), get("4", "p99"))),
+        ("threads = 2 / threads = 1, no policies (proxy CPU per request)",
+         ratio(get("4w2", "cpu_us_req"), get("4", "cpu_us_req"))),
+        ("threads = 2 / threads = 1, gcra on Redis (proxy CPU per request)",
+         ratio(get("6w2", "cpu_us_req"), get("6", "cpu_us_req"))),
+    ]
+    red = sums.get("6", {}).get("redis")
+    if red:
+        rows.append(("gcra, Redis: Redis µs per decision", f"{red['usec_per_req']:.2f} µs"))
+    rows = [(k, v) for k, v in rows if v is not None]
+    if not rows:
+        return []
+    return ["", "## Key ratios (this run)", "", "| ratio | value |", "|---|---:|"] + [
+        f"| {k} | {v} |" for k, v in rows]
+
+
 def report(rundir):
     lines = []
     with open(os.path.join(rundir, "header.md")) as f:
@@ -383,7 +413,11 @@ def report(rundir):
             if worst >= 10:
                 notes.append(f"contender {cid}: other processes used up to {worst:.0f}% of the "
                              "machine's CPU during a measured run: its numbers are disturbed")
-            own_sl = sums.get("4*", {}).get("rps") if cid.endswith("*") else base_sl
+            own_sl = base_sl
+            if cid.endswith("*"):
+                own_sl = sums.get("4*", {}).get("rps")
+            elif cid.endswith("w2"):
+                own_sl = sums.get("4w2", {}).get("rps")
             lines.append(
                 f"| {cid} | {label} | {fmt_num(s['rps'])} | {fmt_ms(s['p50'])} | {fmt_ms(s['p99'])} "
                 f"| {fmt_num(s['non2xx'])} ({s['non2xx_pct']:.1f}%) "
@@ -409,6 +443,8 @@ def report(rundir):
                     f"| {cid} | {runs[cid]['label']} | {fmt_ratio(a['rps'], b['rps'])} "
                     f"| {fmt_ratio(a['p99'], b['p99'])} | {fmt_num(a['cpu_us_req'], 1)} "
                     f"| {fmt_num(b['cpu_us_req'], 1)} | {fmt_ratio(a['cpu_us_req'], b['cpu_us_req'])} |")
+
+        lines += key_ratios(sums)
 
         tls_sl, tls_ngx = sums.get("9b", {}), sums.get("9a", {})
         if "rps" in tls_sl and "rps" in tls_ngx:

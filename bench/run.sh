@@ -10,7 +10,7 @@
 #   WORKERS [1]        worker processes/threads of nginx proxy, HAProxy (nbthread), sluice (threads)
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
-#   CONTENDERS         subset to run, e.g. "1 2 4" [1 2 3 3b 4 5 6 7 8a 8b 9a 9b]
+#   CONTENDERS         subset to run, e.g. "1 2 4" [1 2 3 3b 4 5 6 7 8a 8b 9a 9b 4w2 6w2]
 #   ALGORITHMS         subset for the Redis-per-algorithm section, or "none"
 #                      [fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency]
 #   BASELINE           a second sluice binary: every sluice contender N also runs with it,
@@ -39,7 +39,7 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 6 7 8a 8b 9a 9b"
+ALL_CONTENDERS="1 2 3 3b 4 5 6 7 8a 8b 9a 9b 4w2 6w2"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
@@ -70,10 +70,10 @@ if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 ensure_tools wrk nginx haproxy redis-server redis-cli timeout setsid
 
 needs_sluice=0
-for c in $CONTENDERS; do case $c in 4|5|6|7|8a|8b|9b) needs_sluice=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 4|5|6|7|8a|8b|9b|4w2|6w2) needs_sluice=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_sluice=1
 needs_redis=0
-for c in $CONTENDERS; do case $c in 6|7|8a|8b) needs_redis=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 6|7|8a|8b|6w2) needs_redis=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_redis=1
 
 SLUICE=$1
@@ -179,7 +179,7 @@ sluice_conf() {
     local file=$1 port=$2 admin=$3 backend=$4 deny=$5 policies=$6 route_pol=$7 listen=listen
     [ "${SCHEME:-http}" = https ] && listen=tls_listen
     {
-        printf '[server]\n%s = ["127.0.0.1:%s"]\nthreads = %s\naccess_log = "off"\n\n' "$listen" "$port" "$WORKERS"
+        printf '[server]\n%s = ["127.0.0.1:%s"]\nthreads = %s\naccess_log = "off"\n\n' "$listen" "$port" "${SL_THREADS:-$WORKERS}"
         if [ "${SCHEME:-http}" = https ]; then
             printf '[[certificates]]\nhosts = ["localhost"]\ncert = "%s"\nkey = "%s"\n\n' "$TLS_CERT" "$TLS_KEY"
         fi
@@ -197,7 +197,7 @@ sluice_conf() {
 
 # contender_info CID -> LABEL KIND BACKEND DENY POLICIES ROUTE_POL
 contender_info() {
-    BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http BIN=$SLUICE
+    BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http BIN=$SLUICE SL_THREADS=$WORKERS
     case ${1%\*} in
         1)  LABEL="upstream direct (nginx return 200)"; KIND=upstream ;;
         2)  LABEL="nginx proxy, keepalive"; KIND=nginx ;;
@@ -214,6 +214,9 @@ contender_info() {
             DENY=0; POLICIES=$POL_ATTACK; ROUTE_POL='"per_ip"' ;;
         9a) LABEL="nginx proxy, HTTPS keep-alive"; KIND=nginx; SCHEME=https ;;
         9b) LABEL="sluice, no policies, HTTPS keep-alive"; KIND=sluice; SCHEME=https ;;
+        4w2) LABEL="sluice, no policies, threads = 2"; KIND=sluice; SL_THREADS=2 ;;
+        6w2) LABEL="sluice, gcra, redis, threads = 2"; KIND=sluice; SL_THREADS=2; BACKEND=redis
+             POLICIES=$POL_GCRA; ROUTE_POL='"per_ip"' ;;
     esac
     if [ "${1%\*}" != "$1" ]; then LABEL="$LABEL [baseline]"; BIN=$BASELINE; fi
 }
@@ -312,7 +315,7 @@ run_algorithm() {
     local alg=$1 name="alg.$1" port admin
     read -r port admin <<<"$(python3 "$LIB" ports 2)"
     redis_cli FLUSHALL >/dev/null
-    sluice_conf "$TMP/conf/$name.toml" "$port" "$admin" redis 0 "$(alg_policy "$alg")" '"p"'
+    SL_THREADS=$WORKERS sluice_conf "$TMP/conf/$name.toml" "$port" "$admin" redis 0 "$(alg_policy "$alg")" '"p"'
     if ! start_sluice "$name" "$TMP/conf/$name.toml" "$port"; then
         printf '%s\t%s\t1\t/dev/null\t-\t-\n' "$alg" "$alg" >>"$TMP/alg_manifest.tsv"
         return 0
@@ -349,7 +352,7 @@ if [ $needs_sluice -eq 1 ]; then
         sluice_check "$TMP/conf/preflight.$cid.toml"
     done
     for alg in $ALGORITHMS; do
-        sluice_conf "$TMP/conf/preflight.$alg.toml" 18080 19091 redis 0 "$(alg_policy "$alg")" '"p"'
+        SL_THREADS=$WORKERS sluice_conf "$TMP/conf/preflight.$alg.toml" 18080 19091 redis 0 "$(alg_policy "$alg")" '"p"'
         sluice_check "$TMP/conf/preflight.$alg.toml"
     done
     log "sluice check accepted every config ($SLUICE_VERSION)"
