@@ -2,11 +2,15 @@
 
 CARGO    ?= cargo
 SLUICE   := target/release/sluice
+# The shipped binary: the same code with fat LTO and one codegen unit ([profile.dist]),
+# about a quarter less CPU per request (bench/results); tests use the release build,
+# which compiles in a fraction of the time.
+DIST     := target/dist/sluice
 PREFIX   ?= /usr
 DESTDIR  ?=
 CONFIGS  := $(wildcard conf/*.toml)
 
-.PHONY: all deps build run test lint unit check-configs ops prometheus bench soak install clean
+.PHONY: all deps build dist run test lint unit check-configs ops prometheus bench soak install clean
 
 all: build
 
@@ -38,6 +42,9 @@ deps:
 build: deps
 	$(CARGO) build --release --locked
 
+dist: deps
+	$(CARGO) build --profile dist --locked
+
 run: build
 	$(SLUICE) run --config conf/sluice.toml
 
@@ -45,7 +52,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
 
-# Tests run on the release build: one compile serves the binary, the tests and the bench.
+# Tests run on the release build: one compile serves the binary and the tests.
 unit: build
 	$(CARGO) test --release --locked
 
@@ -69,15 +76,15 @@ prometheus: build
 
 test: deps lint unit check-configs ops prometheus
 
-bench: build
-	bench/run.sh $(SLUICE)
+bench: dist
+	bench/run.sh $(DIST)
 
 # 10 minutes at half of peak load on the Redis backend; fails if RSS or fds grow (bench/README.md).
-soak: build
-	bench/soak.sh $(SLUICE)
+soak: dist
+	bench/soak.sh $(DIST)
 
-install: build
-	install -D -m 0755 $(SLUICE) $(DESTDIR)$(PREFIX)/bin/sluice
+install: dist
+	install -D -m 0755 $(DIST) $(DESTDIR)$(PREFIX)/bin/sluice
 	install -D -m 0644 systemd/sluice.service $(DESTDIR)/lib/systemd/system/sluice.service
 	@if [ -e $(DESTDIR)/etc/sluice/sluice.toml ]; then \
 	  echo "keeping existing $(DESTDIR)/etc/sluice/sluice.toml"; \

@@ -6,6 +6,11 @@ use clap::Parser;
 use sluice::cli::{Cli, Command};
 use sluice::config;
 
+/// mimalloc rather than glibc's malloc: Pingora allocates and frees buffers and boxed
+/// futures on every request (measured in bench/results, issue 13).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (Command::Run { config: path }

@@ -562,8 +562,9 @@ impl Limiter {
         let result = if self.breaker.open_until.load(Ordering::Relaxed) > now {
             Err(BackendError::CircuitOpen)
         } else {
-            match tokio::time::timeout(self.settings.timeout, self.backend.decide(checks, now))
-                .await
+            // Pingora's shared 10 ms timer wheel: no per-decision timer registration.
+            let decided = self.backend.decide(checks, now);
+            match pingora::prelude::fast_timeout::fast_timeout(self.settings.timeout, decided).await
             {
                 Ok(r) => r,
                 Err(_) => Err(BackendError::Timeout),
