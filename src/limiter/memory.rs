@@ -1,7 +1,7 @@
 //! The embedded backend: limiter state in sharded in-process maps, bounded by `max_keys`.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::hash::BuildHasher;
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
@@ -23,10 +23,10 @@ struct Entry {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<String, Entry>,
+    map: HashMap<String, Entry, foldhash::fast::RandomState>,
     /// Banned keys (`Check::ban_ms`) and until when; bounded like `map`. In the same shard
     /// as the key's state, so a ban is read and set under the lock of its decision.
-    bans: HashMap<String, u64>,
+    bans: HashMap<String, u64, foldhash::fast::RandomState>,
     inserts: u64,
 }
 
@@ -54,7 +54,7 @@ impl MemoryBackend {
     }
 
     fn shard_of(key: &str) -> usize {
-        BuildHasherDefault::<DefaultHasher>::default().hash_one(key) as usize % SHARDS
+        super::KEY_HASHER.hash_one(key) as usize % SHARDS
     }
 
     /// Keys tracked now (including expired ones not yet dropped).

@@ -17,15 +17,21 @@ mod scripts;
 pub mod top;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use algorithm::{Rule, Verdict};
 use backend::{Backend, BackendError, Check};
 use clock::Clock;
 use deny_cache::DenyCache;
+
+/// Hashes client-chosen keys in process (memory shards, the top sketch): fast, and seeded
+/// at random per process so nobody can aim collisions at one shard or sketch slot.
+static KEY_HASHER: LazyLock<foldhash::fast::FixedState> =
+    LazyLock::new(|| foldhash::fast::FixedState::with_seed(rand::random()));
 use memory::MemoryBackend;
 
 use crate::config::{self, Algorithm, Mode, Numbers, OnError, OnMissing, Policy};
@@ -522,7 +528,7 @@ impl Limiter {
             let Some(sketch) = self.top.get(&policies[id].name) else {
                 continue;
             };
-            let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(&value);
+            let hash = KEY_HASHER.hash_one(&value);
             sketch.lock().record(
                 hash,
                 || String::from_utf8_lossy(&value).into_owned(),
