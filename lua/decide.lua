@@ -1,5 +1,6 @@
 -- decide.lua: the entry point. Decides every check of one request in one atomic call,
--- all or nothing, using the algorithm files concatenated ahead of it.
+-- all or nothing, using the algorithm files concatenated ahead of it; or, in one "batch"
+-- call, the requests of several callers one after another, each all or nothing on its own.
 --
 -- KEYS:   one key per check, `<key_prefix>{<hash>}:<policy>:<algorithm>`; then, for each
 --         check flagged "2" (below), in order, its ban key (`<its key>:ban`).
@@ -15,7 +16,13 @@
 --           "release" concurrency: free lease ARGV[2 + i] under KEYS[i]
 --           "renew"   concurrency: lease ARGV[1 + 2i] under KEYS[i], if still live, now
 --                     expires ARGV[2 + 2i] ms from now
--- ARGV[2] now in ms, or "" to read the server's clock (TIME)
+--           "batch"   several requests, each decided exactly as its own "decide" call
+--                     would be, in order (so each sees what those before it charged).
+--                     After ARGV[2], request after request: its "decide..." mode, with
+--                     ARGV[2] = "each" its now, then its fields and bans as below; KEYS
+--                     hold each request's keys then its ban keys, request after request
+-- ARGV[2] now in ms, or "" to read the server's clock (TIME; a batch reads it once), or
+--         for "batch" "each": every request brings its own now
 -- then six fields per check (for "refund" after ARGV[3]): algorithm, limit, period_ms,
 --         burst, max_delay_ms ("" when requests over the limit are rejected), cost;
 --         concurrency puts lease_ms in the place of burst and in that of max_delay the
@@ -24,8 +31,13 @@
 -- Returns "decide"/"peek": {now, then per check: allowed (1/0, or 2: denied by a standing
 --         ban), remaining, reset_ms, delay_ms (allowed: the wait before it passes; denied:
 --         the retry-after)};
+--         "batch": {now (0 with "each"), then those four integers per check of every
+--         request, request after request};
 --         "refund"/"release": {now}; "renew": {now, then per key 1 if the lease was
 --         live (and is renewed), else 0}. Whether a decide charged follows from the verdicts.
+--
+-- A batch is one call: if it fails, it fails for every request in it, and the requests
+-- decided before the failure keep their charges.
 --
 -- A check of cost 0 only observes: it is decided (always allowed, see the algorithm
 -- files) but never charged, so never refunded either.
@@ -51,10 +63,13 @@ local FIELDS = 6
 
 local argv = ARGV
 local mode, now = argv[1], argv[2]
+local each = false
 if now == '' then
   local time = redis.call('TIME')
   local us = time[2] + 0
   now = time[1] * 1000 + (us - us % 1000) / 1000
+elseif now == 'each' and mode == 'batch' then
+  each = true
 else
   now = now + 0
 end
@@ -102,95 +117,148 @@ if mode == 'renew' then
   return reply
 end
 
--- Checks that ban bring one key and one argument more each ("2" appears in no mode name).
-local bans = 0
-if string.find(mode, '2', 5, true) then
-  local _, n = string.gsub(mode, '2', '')
-  bans = n
-  checks = checks - bans
-end
-
--- The fields of check i follow ARGV[first + FIELDS·(i − 1)].
-local first = 2
-if mode == 'refund' then first = 3 end
-if #argv ~= first + FIELDS * checks + bans then
-  return redis.error_reply('sluice: ' .. checks .. ' checks need ' ..
-    (first + FIELDS * checks + bans) .. ' arguments, got ' .. #argv)
-end
-local runs, costs = {}, {}
-for i = 1, checks do
-  local at = first + FIELDS * (i - 1)
-  local name = argv[at + 1]
-  runs[i] = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
-  if not runs[i] then return redis.error_reply('sluice: unknown algorithm ' .. name) end
-  costs[i] = argv[at + 6] + 0
-end
-
 if mode == 'refund' then
+  -- The fields of check i follow ARGV[3 + FIELDS·(i − 1)].
+  if #argv ~= 3 + FIELDS * checks then
+    return redis.error_reply('sluice: ' .. checks .. ' checks need ' ..
+      (3 + FIELDS * checks) .. ' arguments, got ' .. #argv)
+  end
+  local runs = {}
+  for i = 1, checks do
+    local name = argv[3 + FIELDS * (i - 1) + 1]
+    runs[i] = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
+    if not runs[i] then return redis.error_reply('sluice: unknown algorithm ' .. name) end
+  end
   local charged_at = argv[3] + 0
   for i = 1, checks do
-    if costs[i] > 0 then
-      runs[i](KEYS[i], first + FIELDS * (i - 1), now, 'refund', costs[i], charged_at)
-    end
+    local at = 3 + FIELDS * (i - 1)
+    local cost = argv[at + 6] + 0
+    if cost > 0 then runs[i](KEYS[i], at, now, 'refund', cost, charged_at) end
   end
   return {now}
 end
 
-local charge = #mode == 6 + checks and string.find(mode, '^decide[012]*$') ~= nil
-local peek = mode == 'peek' or (#mode == 4 + checks and string.find(mode, '^peek[012]*$') ~= nil)
-if not charge and not peek then
-  return redis.error_reply('sluice: unknown mode ' .. mode)
-end
--- Byte 49 is "1": enforced; byte 50 is "2": enforced, and bans.
-local enforced = {string.byte(mode, peek and 5 or 7, -1)}
-
--- Evaluate all, keeping what each would store, then charge all or none.
-local reply, states, banned = {now}, {}, 0
-for i = 1, checks do
-  local at, r, s = first + FIELDS * (i - 1), 4 * i - 2, 3 * i - 2
-  local flag, ban_until = enforced[i], nil
-  if flag == 50 then
-    banned = banned + 1
-    ban_until = redis.call('GET', KEYS[checks + banned])
-    if ban_until then
-      ban_until = ban_until + 0
-      if ban_until <= now then ban_until = nil end
+-- decide and peek: one request, its mode ARGV[1] and its fields after ARGV[2]; or, for
+-- "batch", one request after another, each as a "decide" of its own would be decided. For
+-- the request at hand, ARGV[at + 1] is its first check's algorithm, KEYS[k + 1] its first
+-- key and reply[r + 1] the first of its first check's integers. The tables are reused
+-- from one request to the next: each reads only the entries it wrote.
+local batch = mode == 'batch'
+local last, at, k, r = #argv, 2, 0, 1
+local reply, runs, costs, states = {now}, {}, {}, {}
+if each then reply[1] = 0 end
+repeat
+  if batch then
+    at = at + 1
+    mode = argv[at]
+    if each then
+      at = at + 1
+      now = argv[at] + 0
     end
   end
-  if ban_until then
-    reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 2, 0, ban_until - now, ban_until - now
-    charge = false
-  else
+  if batch and (mode == 'decide1' or mode == 'decide0') then
+    -- One check that bans nobody (most requests): decided and charged in one pass, as a
+    -- call of its own is above.
+    local name, cost = argv[at + 1], argv[at + 6]
+    local run = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
+    if not run then return redis.error_reply('sluice: unknown algorithm ' .. name) end
+    local op = 'decide'
+    if cost == '1' then
+      cost = 1
+    else
+      cost = cost + 0
+      if cost == 0 then op = 'peek' end
+    end
     local allowed
-    allowed, reply[r + 1], reply[r + 2], reply[r + 3], states[s], states[s + 1], states[s + 2] =
-      runs[i](KEYS[i], at, now, 'peek', costs[i])
-    reply[r] = allowed and 1 or 0
-    if not allowed and (flag == 49 or flag == 50) then charge = false end
-  end
-end
-if not charge and not peek and bans > 0 then
-  -- Ban every banning key its algorithm denied now.
-  local b = 0
-  for i = 1, checks do
-    if enforced[i] == 50 then
-      b = b + 1
-      local r = 4 * i - 2
-      if reply[r] == 0 then
-        local ban = argv[first + FIELDS * checks + b] + 0
-        redis.call('SET', KEYS[checks + b], string.format('%d', now + ban),
-          'PX', string.format('%d', ban))
-        if reply[r + 3] < ban then reply[r + 3] = ban end
+    allowed, reply[r + 2], reply[r + 3], reply[r + 4] = run(KEYS[k + 1], at, now, op, cost)
+    reply[r + 1] = allowed and 1 or 0
+    at, k, r = at + FIELDS, k + 1, r + 4
+  else
+    -- The mode's flags start at byte `flags`: "1" (byte 49) enforced; "2" (byte 50)
+    -- enforced, and bans; "0" a shadow.
+    local flags, peek = 7, false
+    local charge = string.find(mode, '^decide[012]*$') ~= nil
+    if not charge then
+      flags = 5
+      peek = not batch and string.find(mode, '^peek[012]*$') ~= nil
+      if not peek then return redis.error_reply('sluice: unknown mode ' .. mode) end
+    end
+    -- Checks that ban bring one key and one argument more each ("2" appears in no mode name).
+    local bans = 0
+    if string.find(mode, '2', flags, true) then
+      local _, n = string.gsub(mode, '2', '')
+      bans = n
+    end
+    local checks = #mode - flags + 1
+    if not batch then
+      -- A bare "peek": every key is a check's.
+      if mode == 'peek' then checks = checks + #KEYS end
+      if #KEYS ~= checks + bans or last ~= at + FIELDS * checks + bans then
+        return redis.error_reply('sluice: ' .. checks .. ' checks need ' ..
+          (at + FIELDS * checks + bans) .. ' arguments, got ' .. last)
       end
     end
-  end
-end
-if charge then
-  for i = 1, checks do
-    local s = 3 * i - 2
-    if reply[4 * i - 2] == 1 and costs[i] > 0 then
-      runs[i](KEYS[i], first + FIELDS * (i - 1), now, 'store', costs[i],
-        states[s], states[s + 1], states[s + 2])
+    for i = 1, checks do
+      local name = argv[at + FIELDS * (i - 1) + 1]
+      runs[i] = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
+      if not runs[i] then return redis.error_reply('sluice: unknown algorithm ' .. name) end
+      costs[i] = argv[at + FIELDS * (i - 1) + 6] + 0
     end
+
+    -- Evaluate all, keeping what each would store, then charge all or none.
+    local banned = 0
+    for i = 1, checks do
+      local q, s = r + 4 * i - 3, 3 * i - 2
+      local flag, ban_until = string.byte(mode, flags + i - 1), nil
+      if flag == 50 then
+        banned = banned + 1
+        ban_until = redis.call('GET', KEYS[k + checks + banned])
+        if ban_until then
+          ban_until = ban_until + 0
+          if ban_until <= now then ban_until = nil end
+        end
+      end
+      if ban_until then
+        reply[q], reply[q + 1], reply[q + 2], reply[q + 3] = 2, 0, ban_until - now, ban_until - now
+        charge = false
+      else
+        local allowed
+        allowed, reply[q + 1], reply[q + 2], reply[q + 3], states[s], states[s + 1], states[s + 2] =
+          runs[i](KEYS[k + i], at + FIELDS * (i - 1), now, 'peek', costs[i])
+        reply[q] = allowed and 1 or 0
+        if not allowed and (flag == 49 or flag == 50) then charge = false end
+      end
+    end
+    if not charge and not peek and bans > 0 then
+      -- Ban every banning key its algorithm denied now.
+      local b = 0
+      for i = 1, checks do
+        if string.byte(mode, flags + i - 1) == 50 then
+          b = b + 1
+          local q = r + 4 * i - 3
+          if reply[q] == 0 then
+            local ban = argv[at + FIELDS * checks + b] + 0
+            redis.call('SET', KEYS[k + checks + b], string.format('%d', now + ban),
+              'PX', string.format('%d', ban))
+            if reply[q + 3] < ban then reply[q + 3] = ban end
+          end
+        end
+      end
+    end
+    if charge then
+      for i = 1, checks do
+        local s = 3 * i - 2
+        if reply[r + 4 * i - 3] == 1 and costs[i] > 0 then
+          runs[i](KEYS[k + i], at + FIELDS * (i - 1), now, 'store', costs[i],
+            states[s], states[s + 1], states[s + 2])
+        end
+      end
+    end
+    at, k, r = at + FIELDS * checks + bans, k + checks + bans, r + 4 * checks
   end
+until not batch or at >= last
+if at ~= last or k ~= #KEYS then
+  return redis.error_reply('sluice: a batch of ' .. #KEYS .. ' keys and ' .. last ..
+    ' arguments does not add up')
 end
 return reply

@@ -14,12 +14,13 @@
 mod common;
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::redis::{RedisCluster, RedisSentinel, RedisServer};
 use sluice::config::{self, Algorithm, ClockSource, OnError};
 use sluice::limiter::algorithm::{Rule, Verdict};
-use sluice::limiter::backend::{Backend, Check};
+use sluice::limiter::backend::{Backend, BackendError, Check};
 use sluice::limiter::memory::MemoryBackend;
 use sluice::limiter::redis::RedisBackend;
 
@@ -131,6 +132,11 @@ impl Rng {
 /// How many mismatches a test may put down to a slow call before it fails.
 const SLOW_CALL_ALLOWANCE: u32 = 5;
 
+/// How far ahead of the wall clock a group of concurrent requests is timed: a batch call
+/// that takes no longer than this finds no key that Redis expired before the test's time
+/// says it may.
+const BATCH_MARGIN_MS: u64 = 10;
+
 /// The memory backend and a Redis backend fed the same calls.
 ///
 /// One mismatch is not the backends' fault: Redis expires a key by the real clock, and a
@@ -213,6 +219,99 @@ impl Twin {
             "redis (left) and memory (right) differ at {}",
             context()
         );
+        want
+    }
+
+    /// Decides `requests` (checks, now) on Redis all at once, queued in this order, so the
+    /// backend sends them in as few batch calls as it can; and on memory one after another
+    /// in the same order. Every request's verdicts must agree, with the allowance of
+    /// `decide` for a call slower than `BATCH_MARGIN_MS`.
+    async fn decide_together(
+        &self,
+        requests: &[(Vec<Check>, u64)],
+        context: &dyn Fn() -> String,
+    ) -> Vec<Vec<Verdict>> {
+        let requests: Vec<(Vec<Check>, u64)> = requests
+            .iter()
+            .map(|(checks, now)| {
+                let checks = checks
+                    .iter()
+                    .map(|c| Check {
+                        key: self.scoped(&c.key),
+                        ..c.clone()
+                    })
+                    .collect();
+                (checks, *now)
+            })
+            .collect();
+        let started = Instant::now();
+        let mut calls: Vec<_> = requests
+            .iter()
+            .map(|(checks, now)| self.redis.decide(checks, *now))
+            .collect();
+        let mut got: Vec<Option<Result<Vec<Verdict>, BackendError>>> =
+            calls.iter().map(|_| None).collect();
+        // Every call polled in order until done: the first round queues them all, in this
+        // order, before the first is sent.
+        std::future::poll_fn(|cx| {
+            let mut pending = false;
+            for (call, got) in calls.iter_mut().zip(got.iter_mut()) {
+                if got.is_none() {
+                    match call.as_mut().poll(cx) {
+                        Poll::Ready(verdicts) => *got = Some(verdicts),
+                        Poll::Pending => pending = true,
+                    }
+                }
+            }
+            if pending {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await;
+        let took = started.elapsed();
+        let got: Vec<Vec<Verdict>> = got
+            .into_iter()
+            .map(|g| {
+                g.expect("polled until done")
+                    .unwrap_or_else(|e| panic!("redis backend failed ({e}) at {}", context()))
+            })
+            .collect();
+        let mut want = Vec::with_capacity(requests.len());
+        for (checks, now) in &requests {
+            want.push(
+                self.memory
+                    .decide(checks, *now)
+                    .await
+                    .expect("memory backend"),
+            );
+        }
+        if got != want && took >= Duration::from_millis(BATCH_MARGIN_MS) {
+            self.excused.set(self.excused.get() + 1);
+            assert!(
+                self.excused.get() <= SLOW_CALL_ALLOWANCE,
+                "too many mismatches after slow calls; the last at {}",
+                context()
+            );
+            eprintln!(
+                "note: redis and memory differ after a {took:?} batch at {}; continuing on fresh keys",
+                context()
+            );
+            self.generation.set(self.generation.get() + 1);
+            return want;
+        }
+        for (n, ((checks, now), (got, want))) in
+            requests.iter().zip(got.iter().zip(&want)).enumerate()
+        {
+            assert_eq!(
+                got,
+                want,
+                "redis (left) and memory (right) differ for request {n} of {} ({checks:?} at {now}) at {}",
+                requests.len(),
+                context()
+            );
+        }
         want
     }
 
@@ -431,6 +530,178 @@ async fn batches_match_all_or_nothing() {
                 leases.push((c.key.clone(), c.lease));
             }
         }
+    }
+}
+
+/// Successful script calls (EVALSHA and EVAL) a server has run: a first call answered
+/// NOSCRIPT (then loaded and sent again) does not count.
+fn script_calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let field = |line: &str, name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
+    };
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .map(|l| field(l, "calls") - field(l, "failed_calls"))
+        .sum()
+}
+
+/// `size` requests of random checks from `pool` (one check mostly, some of two or three;
+/// enforce, shadow or banning; cost 0 to over the limit), timed from `clock` plus
+/// `BATCH_MARGIN_MS`, a few milliseconds apart now and then.
+fn concurrent_requests(
+    rng: &mut Rng,
+    clock: &mut TestClock,
+    pool: &[(String, Rule)],
+    size: usize,
+    lease: &mut u64,
+) -> Vec<(Vec<Check>, u64)> {
+    let mut at = clock.now() + BATCH_MARGIN_MS;
+    let requests = (0..size)
+        .map(|_| {
+            if rng.below(4) == 0 {
+                at += rng.below(30);
+            }
+            let count = match rng.below(10) {
+                0 | 1 => 2,
+                2 => 3,
+                _ => 1,
+            };
+            let mut chosen: Vec<usize> = Vec::new();
+            while chosen.len() < count {
+                let i = rng.below(pool.len() as u64) as usize;
+                if !chosen.contains(&i) {
+                    chosen.push(i);
+                }
+            }
+            let checks = chosen
+                .iter()
+                .map(|&i| {
+                    let (k, r) = &pool[i];
+                    *lease += 1;
+                    let c = check(k, *r, step_cost(rng, 2), rng.below(5) != 0, *lease);
+                    match rng.below(6) {
+                        0 if c.enforce => banning(c, 1_500),
+                        _ => c,
+                    }
+                })
+                .collect();
+            (checks, at)
+        })
+        .collect();
+    clock.to(at);
+    requests
+}
+
+/// Concurrent requests go to Redis in batch calls, each request decided all or nothing on
+/// its own, in order: groups of up to 64 at once give the same verdicts as the memory
+/// backend deciding them one after another, and each group is one script call.
+#[tokio::test]
+async fn concurrent_requests_batched_match_one_by_one() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut pool: Vec<(String, Rule)> = Algorithm::ALL
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, algorithm)| {
+            let mut tight = rule(algorithm, 3 + i as u64 % 3, 1_000, 4);
+            let loose = rule(algorithm, 40, 1_000, 40);
+            tight.lease_ms = 800;
+            [
+                (key(&format!("c{i}"), "tight", &tight), tight),
+                (key(&format!("c{i}"), "loose", &loose), loose),
+            ]
+        })
+        .collect();
+    let delay = delayed(rule(Algorithm::Gcra, 10, 1_000, 2), 300);
+    pool.push((key("cd", "delay", &delay), delay));
+    let mut rng = Rng(0xba7c4);
+    let mut clock = TestClock::new();
+    let mut lease = 0;
+    let mut held: Vec<(String, u64)> = Vec::new();
+    for group in 0..60 {
+        while !held.is_empty() && rng.below(3) != 0 {
+            let (k, lease) = held.swap_remove(rng.below(held.len() as u64) as usize);
+            twin.release(&k, lease).await;
+        }
+        let size = if group % 6 == 0 {
+            64
+        } else {
+            2 + rng.below(40) as usize
+        };
+        let requests = concurrent_requests(&mut rng, &mut clock, &pool, size, &mut lease);
+        let before = script_calls(&server);
+        let verdicts = twin
+            .decide_together(&requests, &|| format!("group {group}"))
+            .await;
+        assert_eq!(
+            script_calls(&server) - before,
+            1,
+            "group {group} of {size} requests: one script call"
+        );
+        for ((checks, _), verdicts) in requests.iter().zip(&verdicts) {
+            let passed = checks
+                .iter()
+                .zip(verdicts)
+                .all(|(c, v)| v.allowed || !c.enforce);
+            for (c, v) in checks.iter().zip(verdicts) {
+                if passed && v.allowed && c.cost > 0 && c.rule.algorithm == Algorithm::Concurrency {
+                    held.push((c.key.clone(), c.lease));
+                }
+            }
+        }
+    }
+}
+
+/// A Cluster batches per slot: concurrent requests on three slots, each request's checks
+/// on one, give the same verdicts as one after another, in one script call per slot.
+#[tokio::test]
+async fn cluster_batches_per_slot_match_one_by_one() {
+    let cluster = RedisCluster::start();
+    let twin = Twin::new(
+        connect(
+            config::Backend::Cluster(cluster.seeds()),
+            ClockSource::Local,
+        )
+        .await,
+    );
+    let tags = ["alpha", "beta", "gamma"];
+    let pools: Vec<Vec<(String, Rule)>> = tags
+        .iter()
+        .map(|tag| {
+            Algorithm::ALL
+                .into_iter()
+                .filter(|a| *a != Algorithm::Concurrency)
+                .enumerate()
+                .map(|(i, algorithm)| {
+                    let r = rule(algorithm, 3 + i as u64 % 4, 1_000, 4);
+                    (key(tag, &format!("p{i}"), &r), r)
+                })
+                .collect()
+        })
+        .collect();
+    let mut rng = Rng(0xc105);
+    let mut clock = TestClock::new();
+    let mut lease = 0;
+    for group in 0..40 {
+        let size = 2 + rng.below(50) as usize;
+        let mut requests = Vec::with_capacity(size);
+        for _ in 0..size {
+            let pool = &pools[rng.below(3) as usize];
+            let mut one = concurrent_requests(&mut rng, &mut clock, pool, 1, &mut lease);
+            requests.append(&mut one);
+        }
+        let calls = || cluster.nodes().iter().map(script_calls).sum::<u64>();
+        let before = calls();
+        twin.decide_together(&requests, &|| format!("cluster group {group}"))
+            .await;
+        assert!(
+            calls() - before <= 3,
+            "group {group} of {size} requests: one script call per slot"
+        );
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::http;
 use common::redis::{RedisSentinel, RedisServer};
-use common::{config, count_status, one_route_per_algorithm, policy, Sluice};
+use common::{burst, config, count_status, one_route_per_algorithm, policy, Sluice};
 
 fn redis_limiter(redis: &RedisServer, extra: &str) -> String {
     format!("backend = \"redis\"\nurl = \"{}\"\n{extra}", redis.url())
@@ -43,6 +43,42 @@ fn three_instances_sharing_redis_admit_exactly_the_limit() {
     }
 }
 
+/// Requests that arrive while a decision is in flight share one script call: 200 requests
+/// at once for one key of a limit-50 policy, held up by a paused Redis so that they queue
+/// behind the first call, are decided in far fewer calls than requests, each all or
+/// nothing on its own: exactly 50 pass.
+#[test]
+fn concurrent_requests_share_script_calls_and_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    for algorithm in ["gcra", "fixed_window"] {
+        redis.cli(&["FLUSHALL"]);
+        let s = Sluice::start(&config(
+            &redis_limiter(
+                &redis,
+                "timeout = \"3s\"\non_error = \"deny\"\ndeny_cache = 0",
+            ),
+            "threads = 2",
+            &policy("p", algorithm, 50, "1h", "", ""),
+            &[("a", "\"p\"")],
+        ));
+        redis.cli(&["CONFIG", "RESETSTAT"]);
+        redis.cli(&["CLIENT", "PAUSE", "500", "ALL"]);
+        let responses = burst(s.addr, 200, "/a", &[]);
+        assert_eq!(count_status(&responses, 200), 50, "{algorithm}");
+        assert_eq!(count_status(&responses, 429), 150, "{algorithm}");
+        let calls = scripts_run(&redis);
+        assert!(
+            (1..100).contains(&calls),
+            "{algorithm}: {calls} script calls for 200 requests: {}",
+            script_calls(&redis)
+        );
+        assert_eq!(
+            s.metric(r#"sluice_decisions_total{decision="allowed",policy="p",route="a"}"#),
+            50.0
+        );
+    }
+}
+
 #[test]
 fn the_deny_cache_answers_over_limit_keys_without_redis() {
     let redis = RedisServer::start();
@@ -65,23 +101,29 @@ fn the_deny_cache_answers_over_limit_keys_without_redis() {
             s.metric(r#"sluice_deny_cache_hits_total{policy="p"}"#),
             expected_hits
         );
-        let stats = redis.cli(&["INFO", "commandstats"]);
-        // Scripts that ran: a first call answered NOSCRIPT (then loaded) does not count.
-        let field = |line: &str, name: &str| -> u64 {
-            line.split([':', ','])
-                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-                .unwrap_or(0)
-        };
-        let calls: u64 = stats
-            .lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .map(|l| field(l, "calls") - field(l, "failed_calls"))
-            .sum();
         assert_eq!(
-            calls, expected_calls,
-            "script calls with deny_cache = {cache}: {stats}"
+            scripts_run(&redis),
+            expected_calls,
+            "script calls with deny_cache = {cache}: {}",
+            script_calls(&redis)
         );
     }
+}
+
+/// Script calls that ran since the server's stats were reset: a first call answered
+/// NOSCRIPT (then loaded and sent again) does not count.
+fn scripts_run(redis: &RedisServer) -> u64 {
+    let field = |line: &str, name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or(0)
+    };
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .map(|l| field(l, "calls") - field(l, "failed_calls"))
+        .sum()
 }
 
 /// Sends requests for about `span`, returning (status, latency) of each.

@@ -11,6 +11,13 @@
 //! runtime), whichever runtime asks: connections and their reconnections live there, and a
 //! caller that gives up (its timeout) cannot stop a call halfway.
 //!
+//! Decisions are batched per connection (per slot for Cluster): while one decide call is
+//! in flight, the requests that arrive wait, and when it returns they all go as one call of
+//! the script's "batch" form, which decides each request in turn, all or nothing as alone.
+//! A request with nothing ahead of it is sent at once: batching adds no wait, it only
+//! shares the calls that concurrency makes anyway, and with them Redis' per-call cost
+//! (the call, TIME, ARGV).
+//!
 //! Sentinel: the master is looked up when none is known and again after an error that says
 //! it moved. A planned failover gives no such error (the old master keeps accepting writes
 //! until Sentinel demotes it, seconds later), so the backend also follows every sentinel's
@@ -21,6 +28,7 @@
 //! are they charged, and if one then denies (another request got in between) the groups
 //! already charged are refunded.
 
+use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -35,13 +43,14 @@ use redis::cluster_routing::Slot;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisConnectionInfo,
-    RedisError, ServerErrorKind, TlsMode,
+    RedisError, ScriptInvocation, ServerErrorKind, TlsMode,
 };
+use tokio::sync::oneshot;
 
 use super::algorithm::Verdict;
 use super::backend::{Backend, BackendError, Check, Listener};
 use super::pubsub;
-use super::scripts::{self, Mode, Reply};
+use super::scripts::{self, Mode, Reply, Request};
 use crate::config::{self, ClockSource};
 
 /// A pause between two Sentinel look-ups of the master, so an outage does not flood them.
@@ -61,6 +70,8 @@ pub struct RedisBackend {
     io_timeout: Duration,
     /// The runtime every call runs on.
     io: tokio::runtime::Handle,
+    /// Decisions waiting for the call in flight.
+    batches: Arc<Batches>,
 }
 
 #[derive(Clone)]
@@ -130,6 +141,7 @@ impl RedisBackend {
             clock: cfg.clock,
             io_timeout,
             io: tokio::runtime::Handle::current(),
+            batches: Arc::default(),
         };
         match tokio::time::timeout(io_timeout, backend.store.load_script()).await {
             Ok(Ok(())) => {}
@@ -179,28 +191,37 @@ impl Store {
         result.map(|_| ()).map_err(|e| backend_error(&e))
     }
 
-    async fn decide(
-        self,
-        checks: Vec<Check>,
-        now: Option<u64>,
-    ) -> Result<Vec<Verdict>, BackendError> {
-        match self {
-            Store::Single(mut m) => decide_one(&mut m, &checks, now).await,
-            Store::Sentinel(s) => {
-                let mut m = s.current()?;
-                let result = call(&mut m, Mode::Decide, &checks, now).await;
-                s.check(&result);
-                let values = result.map_err(|e| backend_error(&e))?;
-                Ok(scripts::decode(&values, Mode::Decide, &enforce_flags(&checks))?.verdicts)
-            }
-            Store::Cluster(mut c) => {
-                let groups = by_slot(&checks);
-                if groups.len() == 1 {
-                    return decide_one(&mut c, &checks, now).await;
-                }
-                decide_across_slots(c, checks, groups, now).await
-            }
+    /// Decides a batch of requests in one script call (the plain form when it holds one),
+    /// each request all or nothing on its own; its checks share one slot.
+    async fn decide_batch(
+        &self,
+        requests: &[Request<'_>],
+    ) -> Result<Vec<Vec<Verdict>>, BackendError> {
+        if let [(checks, now)] = requests {
+            let values = self
+                .invoke(scripts::invocation(Mode::Decide, *checks, *now))
+                .await?;
+            let enforce = enforce_flags(checks);
+            return Ok(vec![
+                scripts::decode(&values, Mode::Decide, &enforce)?.verdicts,
+            ]);
         }
+        let values = self.invoke(scripts::batch_invocation(requests)).await?;
+        scripts::decode_batch(&values, requests.iter().map(|(checks, _)| checks.len()))
+    }
+
+    /// Runs one script call on the store (the master for Sentinel).
+    async fn invoke(&self, call: ScriptInvocation<'static>) -> Result<Vec<i64>, BackendError> {
+        let result = match self {
+            Store::Single(m) => call.invoke_async(&mut m.clone()).await,
+            Store::Cluster(c) => call.invoke_async(&mut c.clone()).await,
+            Store::Sentinel(s) => {
+                let result = call.invoke_async(&mut s.current()?).await;
+                s.check(&result);
+                result
+            }
+        };
+        result.map_err(|e| backend_error(&e))
     }
 
     async fn release(self, key: String, lease: u64) -> Result<(), BackendError> {
@@ -312,8 +333,32 @@ impl Backend for RedisBackend {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let (store, checks, now) = (self.store.clone(), checks.to_vec(), self.script_now(now_ms));
-        self.run(store.decide(checks, now)).await
+        let now = self.script_now(now_ms);
+        let queue = match &self.store {
+            Store::Cluster(c) => {
+                let groups = by_slot(checks);
+                if groups.len() > 1 {
+                    // Not batched: every slot's group is peeked, then charged or refunded.
+                    let (c, checks) = (c.clone(), checks.to_vec());
+                    return self.run(decide_across_slots(c, checks, groups, now)).await;
+                }
+                Some(Slot::for_key(&checks[0].key))
+            }
+            _ => None,
+        };
+        let (answer, verdicts) = oneshot::channel();
+        let waiting = Waiting {
+            checks: checks.to_vec(),
+            now,
+            answer,
+        };
+        if self.batches.push(queue, waiting) {
+            self.io
+                .spawn(flush(self.store.clone(), self.batches.clone(), queue));
+        }
+        verdicts
+            .await
+            .unwrap_or_else(|_| Err(BackendError::Connection("redis call did not finish".into())))
     }
 
     async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError> {
@@ -430,18 +475,6 @@ async fn call<'c>(
     scripts::invocation(mode, checks, now)
         .invoke_async(conn)
         .await
-}
-
-/// Decides checks that may share one script call.
-async fn decide_one(
-    conn: &mut impl ConnectionLike,
-    checks: &[Check],
-    now: Option<u64>,
-) -> Result<Vec<Verdict>, BackendError> {
-    let values = call(conn, Mode::Decide, checks, now)
-        .await
-        .map_err(|e| backend_error(&e))?;
-    Ok(scripts::decode(&values, Mode::Decide, &enforce_flags(checks))?.verdicts)
 }
 
 fn enforce_flags(checks: &[Check]) -> Vec<bool> {
@@ -599,6 +632,108 @@ fn in_check_order(groups: &[Vec<usize>], replies: &[Reply], count: usize) -> Vec
         }
     }
     verdicts
+}
+
+/// The most requests one batch call decides. A script blocks Redis for every other client
+/// while it runs, so this bounds that pause (about 64 × 2 µs for a one-check request) and
+/// the size of one call (64 × 8 arguments for one check each); past a few dozen requests a
+/// bigger batch saves little more per request. Those beyond it go in the next call.
+const BATCH_MAX: usize = 64;
+
+/// A request waiting for its batch call.
+struct Waiting {
+    checks: Vec<Check>,
+    now: Option<u64>,
+    answer: oneshot::Sender<Result<Vec<Verdict>, BackendError>>,
+}
+
+/// The decide calls of one connection: at most one in flight per queue (one per cluster
+/// slot; one in all, `None`, outside a Cluster). A request that finds its queue idle is sent
+/// at once, alone; requests that arrive while a call is in flight wait, and when it
+/// returns all that wait go as one batch call.
+#[derive(Default)]
+struct Batches {
+    /// A queue exists exactly while a call for it is in flight (or about to be sent).
+    queues: parking_lot::Mutex<HashMap<Option<Slot>, Vec<Waiting>>>,
+}
+
+impl Batches {
+    /// Queues `waiting`; true when the queue was idle, so a `flush` must start.
+    fn push(&self, queue: Option<Slot>, waiting: Waiting) -> bool {
+        match self.queues.lock().entry(queue) {
+            Entry::Occupied(mut e) => {
+                e.get_mut().push(waiting);
+                false
+            }
+            Entry::Vacant(e) => {
+                e.insert(vec![waiting]);
+                true
+            }
+        }
+    }
+
+    /// The next batch of `queue`, skipping requests whose caller gave up (timed out: it
+    /// followed `on_error`, so it must not be charged now); None, and the queue idle, when
+    /// none waits.
+    fn next(&self, queue: Option<Slot>) -> Option<Vec<Waiting>> {
+        let mut queues = self.queues.lock();
+        let waiting = queues.get_mut(&queue)?;
+        waiting.retain(|w| !w.answer.is_closed());
+        if waiting.is_empty() {
+            queues.remove(&queue);
+            None
+        } else if waiting.len() <= BATCH_MAX {
+            Some(std::mem::take(waiting))
+        } else {
+            Some(waiting.drain(..BATCH_MAX).collect())
+        }
+    }
+}
+
+/// Sends `queue`'s batches, one call at a time, until none waits. It runs as a task of its
+/// own, so a call completes even when the request that started it gives up: others ride on
+/// it.
+async fn flush(store: Store, batches: Arc<Batches>, queue: Option<Slot>) {
+    let mut flushing = Flushing {
+        batches: &batches,
+        queue,
+        done: false,
+    };
+    while let Some(batch) = batches.next(queue) {
+        let result = {
+            let requests: Vec<Request<'_>> = batch.iter().map(|w| (&w.checks[..], w.now)).collect();
+            store.decide_batch(&requests).await
+        };
+        match result {
+            Ok(verdicts) => {
+                for (waiting, verdicts) in batch.into_iter().zip(verdicts) {
+                    let _ = waiting.answer.send(Ok(verdicts));
+                }
+            }
+            Err(e) => {
+                for waiting in batch {
+                    let _ = waiting.answer.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+    flushing.done = true;
+}
+
+/// Makes a queue idle again if its `flush` stops short (its runtime shut down): the requests
+/// still waiting then fail at once instead of waiting for a call that never comes.
+struct Flushing<'b> {
+    batches: &'b Batches,
+    queue: Option<Slot>,
+    done: bool,
+}
+
+impl Drop for Flushing<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.batches.queues.lock().remove(&self.queue);
+        }
+    }
 }
 
 /// The current master as told by Sentinel: looked up again in the background when it

@@ -134,30 +134,66 @@ pub(crate) fn invocation<'c>(
     let mut call = script(set).prepare_invoke();
     // Checks that ban (enforced, `ban_ms` > 0) take flag "2", their ban key after every
     // state key, and their `ban_ms` after every check's fields. A refund never bans.
-    let banning: Vec<&Check> = match mode {
-        Mode::Refund { .. } => Vec::new(),
-        _ => checks.iter().copied().filter(|c| bans(c)).collect(),
-    };
-    let flags = || -> String {
-        checks
-            .iter()
-            .map(|c| match (c.enforce, bans(c)) {
-                (true, true) => '2',
-                (true, false) => '1',
-                _ => '0',
-            })
-            .collect()
+    let banning = match mode {
+        Mode::Refund { .. } => false,
+        _ => checks.iter().any(|c| bans(c)),
     };
     match mode {
-        Mode::Decide => call.arg(format!("decide{}", flags())),
-        Mode::Peek if banning.is_empty() => call.arg("peek"),
-        Mode::Peek => call.arg(format!("peek{}", flags())),
+        Mode::Decide => call.arg(flags("decide", &checks)),
+        Mode::Peek if !banning => call.arg("peek"),
+        Mode::Peek => call.arg(flags("peek", &checks)),
         Mode::Refund { .. } => call.arg("refund"),
     };
     call.arg(now.map(|n| n.to_string()).unwrap_or_default());
     if let Mode::Refund { charged_at } = mode {
         call.arg(charged_at);
     }
+    push_checks(&mut call, &checks, banning);
+    call
+}
+
+/// One request's checks and its `now` (as for `invocation`), in a batch.
+pub(crate) type Request<'c> = (&'c [Check], Option<u64>);
+
+/// One call deciding several requests in order, each all or nothing exactly as its own
+/// `invocation(Mode::Decide, ..)` would: ARGV is "batch", then "" when the script should
+/// read TIME (once, for all) or "each" when every request brings its `now` (all or none
+/// do), then per request its decide mode, its now with "each", its fields and its bans;
+/// KEYS are each request's keys then its ban keys, request after request.
+pub(crate) fn batch_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'static> {
+    let set = requests
+        .iter()
+        .flat_map(|(checks, _)| checks.iter())
+        .fold(0, |set, c| set | bit(c.rule.algorithm));
+    let mut call = script(set).prepare_invoke();
+    let each = requests.iter().any(|(_, now)| now.is_some());
+    call.arg("batch").arg(if each { "each" } else { "" });
+    for (checks, now) in requests {
+        let checks: Vec<&Check> = checks.iter().collect();
+        call.arg(flags("decide", &checks));
+        if each {
+            call.arg(now.unwrap_or_default());
+        }
+        push_checks(&mut call, &checks, true);
+    }
+    call
+}
+
+/// `mode` then each check's flag: "2" enforced and banning, "1" enforced, "0" a shadow.
+fn flags(mode: &str, checks: &[&Check]) -> String {
+    let mut text = String::with_capacity(mode.len() + checks.len());
+    text.push_str(mode);
+    text.extend(checks.iter().map(|c| match (c.enforce, bans(c)) {
+        (true, true) => '2',
+        (true, false) => '1',
+        _ => '0',
+    }));
+    text
+}
+
+/// Every check's key and six fields; with `banning`, then the ban key and the ban of every
+/// check that bans.
+fn push_checks(call: &mut ScriptInvocation<'static>, checks: &[&Check], banning: bool) {
     for check in checks {
         let rule = &check.rule;
         call.key(&check.key)
@@ -173,10 +209,11 @@ pub(crate) fn invocation<'c>(
         }
         call.arg(check.cost);
     }
-    for check in banning {
-        call.key(ban_key(&check.key)).arg(check.ban_ms);
+    if banning {
+        for check in checks.iter().filter(|c| bans(c)) {
+            call.key(ban_key(&check.key)).arg(check.ban_ms);
+        }
     }
-    call
 }
 
 /// Whether `check` bans its key when denied.
@@ -218,17 +255,57 @@ pub(crate) fn renew_invocation(
 /// flags, in the order they were passed.
 pub(crate) fn decode(reply: &[i64], mode: Mode, enforce: &[bool]) -> Result<Reply, BackendError> {
     let checks = enforce.len();
-    if reply.len() != 1 + REPLY_FIELDS * checks {
-        return Err(BackendError::Script(format!(
-            "expected {} integers for {checks} checks, got {}",
-            1 + REPLY_FIELDS * checks,
-            reply.len()
-        )));
+    expect_len(reply, checks)?;
+    let verdicts = verdicts(&reply[1..])?;
+    // The script charges exactly when this holds.
+    let charged = mode == Mode::Decide
+        && verdicts
+            .iter()
+            .zip(enforce)
+            .all(|(v, enforce)| v.allowed || !enforce);
+    Ok(Reply {
+        now: whole(reply[0])?,
+        charged,
+        verdicts,
+    })
+}
+
+/// Reads the reply of a `batch_invocation`: each request's verdicts, for requests of
+/// `sizes` checks each, in order.
+pub(crate) fn decode_batch(
+    reply: &[i64],
+    sizes: impl ExactSizeIterator<Item = usize> + Clone,
+) -> Result<Vec<Vec<Verdict>>, BackendError> {
+    expect_len(reply, sizes.clone().sum())?;
+    let mut rest = &reply[1..];
+    let mut requests = Vec::with_capacity(sizes.len());
+    for size in sizes {
+        let (mine, after) = rest.split_at(REPLY_FIELDS * size);
+        requests.push(verdicts(mine)?);
+        rest = after;
     }
-    let whole = |n: i64| {
-        u64::try_from(n).map_err(|_| BackendError::Script(format!("negative value {n} in reply")))
-    };
-    let verdicts = reply[1..]
+    Ok(requests)
+}
+
+/// A reply's length: `now`, then `REPLY_FIELDS` per check.
+fn expect_len(reply: &[i64], checks: usize) -> Result<(), BackendError> {
+    if reply.len() == 1 + REPLY_FIELDS * checks {
+        return Ok(());
+    }
+    Err(BackendError::Script(format!(
+        "expected {} integers for {checks} checks, got {}",
+        1 + REPLY_FIELDS * checks,
+        reply.len()
+    )))
+}
+
+fn whole(n: i64) -> Result<u64, BackendError> {
+    u64::try_from(n).map_err(|_| BackendError::Script(format!("negative value {n} in reply")))
+}
+
+/// The verdicts of `REPLY_FIELDS` integers each.
+fn verdicts(fields: &[i64]) -> Result<Vec<Verdict>, BackendError> {
+    fields
         .chunks_exact(REPLY_FIELDS)
         .map(|v| {
             // 1: allowed; 0: denied; 2: denied by a standing ban.
@@ -242,18 +319,7 @@ pub(crate) fn decode(reply: &[i64], mode: Mode, enforce: &[bool]) -> Result<Repl
                 banned: v[0] == 2,
             })
         })
-        .collect::<Result<Vec<_>, BackendError>>()?;
-    // The script charges exactly when this holds.
-    let charged = mode == Mode::Decide
-        && verdicts
-            .iter()
-            .zip(enforce)
-            .all(|(v, enforce)| v.allowed || !enforce);
-    Ok(Reply {
-        now: whole(reply[0])?,
-        charged,
-        verdicts,
-    })
+        .collect()
 }
 
 #[cfg(test)]
@@ -361,6 +427,84 @@ mod tests {
             text.contains("args: 8") && text.contains("keys: 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_batch_carries_each_request_as_its_mode_its_fields_and_its_bans() {
+        let check = Check {
+            key: "s:{h}:p:gcra".into(),
+            rule: Rule {
+                algorithm: Algorithm::Gcra,
+                limit: 3,
+                period_ms: 1_000,
+                burst: 5,
+                max_delay_ms: None,
+                lease_ms: 60_000,
+            },
+            cost: 1,
+            enforce: true,
+            lease: 0,
+            ban_ms: 0,
+        };
+        let banning = Check {
+            key: "s:{h}:q:gcra".into(),
+            ban_ms: 9_000,
+            ..check.clone()
+        };
+        let one = [check.clone()];
+        let two = [check.clone(), banning];
+        // "batch", now; then per request its mode, six fields per check and its bans.
+        let text = format!("{:?}", batch_invocation(&[(&one, None), (&two, None)]));
+        assert!(
+            text.contains("args: 23") && text.contains("keys: 4"),
+            "{text}"
+        );
+        // With the caller's clock, every request brings its now.
+        let text = format!(
+            "{:?}",
+            batch_invocation(&[(&one, Some(5)), (&two, Some(6))])
+        );
+        assert!(
+            text.contains("args: 25") && text.contains("keys: 4"),
+            "{text}"
+        );
+        // The script holds every algorithm of the batch.
+        let window = Check {
+            rule: Rule {
+                algorithm: Algorithm::FixedWindow,
+                ..check.rule
+            },
+            ..check.clone()
+        };
+        let mixed = batch_invocation(&[(&one, None), (std::slice::from_ref(&window), None)]);
+        let set = bit(Algorithm::Gcra) | bit(Algorithm::FixedWindow);
+        assert!(
+            format!("{mixed:?}").contains(script(set).get_hash()),
+            "{mixed:?}"
+        );
+        assert_eq!(flags("decide", &[&two[0], &two[1], &window]), "decide121");
+    }
+
+    #[test]
+    fn a_batch_reply_splits_into_each_requests_verdicts() {
+        let reply = [99, 1, 4, 300, 0, 0, 0, 0, 1000, 2, 0, 500, 500];
+        let requests = decode_batch(&reply, [1, 2].into_iter()).expect("valid reply");
+        assert_eq!(requests.len(), 2);
+        assert_eq!(
+            requests[0],
+            [Verdict {
+                allowed: true,
+                remaining: 4,
+                reset_ms: 300,
+                ..Verdict::default()
+            }]
+        );
+        assert_eq!(requests[1].len(), 2);
+        assert!(!requests[1][0].allowed && requests[1][0].retry_after_ms == 1000);
+        assert!(requests[1][1].banned && requests[1][1].retry_after_ms == 500);
+        assert!(decode_batch(&reply, [1, 1].into_iter()).is_err());
+        assert!(decode_batch(&reply, [2, 2].into_iter()).is_err());
+        assert!(decode_batch(&[99, 1, -4, 0, 0], [1].into_iter()).is_err());
     }
 
     #[test]
