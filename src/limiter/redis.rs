@@ -40,6 +40,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
+use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisConnectionInfo,
@@ -104,7 +105,11 @@ impl RedisBackend {
                 ));
             }
             config::Backend::Redis(url) => {
-                let client = Client::open(url.as_str()).map_err(|e| config_error(url, &e))?;
+                let info = url
+                    .as_str()
+                    .into_connection_info()
+                    .map_err(|e| config_error(url, &e))?;
+                let client = Client::open(no_delay(info)).map_err(|e| config_error(url, &e))?;
                 relays.push(client.get_connection_info().clone());
                 let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
                     .map_err(|e| config_error(url, &e))?;
@@ -112,6 +117,7 @@ impl RedisBackend {
             }
             config::Backend::Cluster(seeds) => {
                 let client = ClusterClientBuilder::new(seeds.iter().map(String::as_str))
+                    .tcp_settings(TcpSettings::default().set_nodelay(true))
                     .retries(3)
                     .build()
                     .map_err(|e| config_error(&seeds.join(", "), &e))?;
@@ -783,7 +789,8 @@ impl SentinelStore {
         let master_settings = first.redis_settings().clone();
         let master_tls = matches!(first.addr(), ConnectionAddr::TcpTls { .. });
         let mut master_info = SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(master_settings.clone());
+            .set_redis_connection_info(master_settings.clone())
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
         if master_tls {
             master_info = master_info.set_tls_mode(TlsMode::Secure);
         }
@@ -917,6 +924,8 @@ impl SentinelStore {
         if self.master.load().as_ref().is_some_and(|m| m.0 == addr) {
             return Ok(None);
         }
+        let client = Client::open(no_delay(client.get_connection_info().clone()))
+            .map_err(|e| backend_error(&e))?;
         let manager = ConnectionManager::new_lazy_with_config(client, self.manager_config.clone())
             .map_err(|e| backend_error(&e))?;
         self.master.store(Some(Arc::new((addr.clone(), manager))));
@@ -1010,6 +1019,12 @@ impl Listener for SwitchListener {
             store.switch(text);
         }
     }
+}
+
+/// `info` with TCP_NODELAY, which redis-rs leaves off: a call is one small write, which
+/// Nagle's algorithm would hold back while data sent before it is not yet acknowledged.
+fn no_delay(info: ConnectionInfo) -> ConnectionInfo {
+    info.set_tcp_settings(TcpSettings::default().set_nodelay(true))
 }
 
 fn config_error(what: &str, e: &RedisError) -> BackendError {
