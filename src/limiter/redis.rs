@@ -1,22 +1,26 @@
 //! The Redis backend: state in one Redis, a Sentinel's master or a Cluster, decided in Lua.
 //!
-//! Decisions are calls of the script in `scripts` (EVALSHA; NOSCRIPT loads it and retries).
-//! One multiplexed connection per backend (per node for Cluster), made lazily: a Redis that
-//! is down when sluice starts makes calls fail fast, not sluice fail to start, and the
-//! connection comes back by itself. The limiter layer bounds every call with its own
-//! timeout and circuit breaker; the bounds here only keep a dead peer from holding
-//! resources.
+//! Decisions are calls of the script in `scripts` (EVALSHA; NOSCRIPT loads it and retries),
+//! on multiplexed connections (per node for Cluster) made lazily: a Redis that is down when
+//! sluice starts makes calls fail fast, not sluice fail to start, and a connection comes
+//! back by itself. The limiter layer bounds every call with its own timeout and circuit
+//! breaker; the bounds here only keep a dead peer from holding resources.
 //!
-//! Every call runs as a task on the runtime that called `connect` (sluice's long-lived I/O
-//! runtime), whichever runtime asks: connections and their reconnections live there, and a
-//! caller that gives up (its timeout) cannot stop a call halfway.
+//! Decisions run on the runtime that asks, each runtime with its own connection (a
+//! "lane", made on its first decision): Pingora gives each worker thread its own
+//! single-threaded runtime, so a decision never leaves its worker's event loop. Calls
+//! through the I/O runtime's thread cost two cross-thread wake-ups per request, which
+//! measured as most of the proxy's CPU for a Redis decision. Every other call (peek,
+//! release, renew, reset, the overrides' hash, PING) runs as a task on the runtime that
+//! called `connect` (sluice's long-lived I/O runtime), on a connection of its own.
 //!
-//! Decisions are batched per connection (per slot for Cluster): while one decide call is
-//! in flight, the requests that arrive wait, and when it returns they all go as one call of
+//! Decisions are batched per lane (per slot for Cluster): while one decide call is in
+//! flight, the requests that arrive wait, and when it returns they all go as one call of
 //! the script's "batch" form, which decides each request in turn, all or nothing as alone.
 //! A request with nothing ahead of it is sent at once: batching adds no wait, it only
 //! shares the calls that concurrency makes anyway, and with them Redis' per-call cost
-//! (the call, TIME, ARGV).
+//! (the call, TIME, ARGV). Every call runs as a task of its own, so a caller that gives up
+//! (its timeout) cannot stop a call halfway that other requests ride on.
 //!
 //! Sentinel: the master is looked up when none is known and again after an error that says
 //! it moved. A planned failover gives no such error (the old master keeps accepting writes
@@ -34,10 +38,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::io::tcp::TcpSettings;
@@ -69,10 +73,13 @@ pub struct RedisBackend {
     clock: ClockSource,
     /// Bounds connecting, one reply, and `ping`.
     io_timeout: Duration,
-    /// The runtime every call runs on.
+    /// The runtime every call but decisions runs on.
     io: tokio::runtime::Handle,
-    /// Decisions waiting for the call in flight.
-    batches: Arc<Batches>,
+    /// What the connections for decisions are made from.
+    source: Source,
+    /// One lane per runtime that asked for a decision; they end with the backend.
+    lanes: ArcSwap<Vec<(tokio::runtime::Id, Arc<Lane>)>>,
+    adding_lane: parking_lot::Mutex<()>,
 }
 
 #[derive(Clone)]
@@ -86,7 +93,7 @@ impl RedisBackend {
     /// Builds the backend for `cfg` and, within a second or `cfg.timeout` if longer, loads the
     /// script. Fails only on a configuration that cannot work (a bad URL); an unreachable
     /// Redis is logged, and calls fail until it answers. Call it on the runtime that should
-    /// own the connections: every later call runs there.
+    /// own the connections: every later call but decisions runs there.
     pub async fn connect(cfg: &config::Limiter) -> Result<RedisBackend, BackendError> {
         let io_timeout = cfg
             .timeout
@@ -98,7 +105,7 @@ impl RedisBackend {
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1));
         let mut relays = Vec::new();
-        let store = match &cfg.backend {
+        let (store, source) = match &cfg.backend {
             config::Backend::Memory => {
                 return Err(BackendError::Connection(
                     "the limiter backend is memory, not redis".into(),
@@ -111,9 +118,13 @@ impl RedisBackend {
                     .map_err(|e| config_error(url, &e))?;
                 let client = Client::open(no_delay(info)).map_err(|e| config_error(url, &e))?;
                 relays.push(client.get_connection_info().clone());
-                let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
-                    .map_err(|e| config_error(url, &e))?;
-                Store::Single(manager)
+                let manager =
+                    ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
+                        .map_err(|e| config_error(url, &e))?;
+                (
+                    Store::Single(manager),
+                    Source::Single(client, manager_config),
+                )
             }
             config::Backend::Cluster(seeds) => {
                 let client = ClusterClientBuilder::new(seeds.iter().map(String::as_str))
@@ -128,7 +139,12 @@ impl RedisBackend {
                 let cluster_config = ClusterConfig::new()
                     .set_connection_timeout(io_timeout)
                     .set_response_timeout(io_timeout);
-                Store::Cluster(client.get_pending_async_connection_with_config(cluster_config))
+                (
+                    Store::Cluster(
+                        client.get_pending_async_connection_with_config(cluster_config.clone()),
+                    ),
+                    Source::Cluster(client, cluster_config),
+                )
             }
             config::Backend::Sentinel { master, nodes } => {
                 let store = Arc::new(SentinelStore::new(
@@ -138,7 +154,7 @@ impl RedisBackend {
                     io_timeout,
                 )?);
                 store.follow_switches();
-                Store::Sentinel(store)
+                (Store::Sentinel(store.clone()), Source::Sentinel(store))
             }
         };
         let backend = RedisBackend {
@@ -147,7 +163,9 @@ impl RedisBackend {
             clock: cfg.clock,
             io_timeout,
             io: tokio::runtime::Handle::current(),
-            batches: Arc::default(),
+            source,
+            lanes: ArcSwap::default(),
+            adding_lane: parking_lot::Mutex::new(()),
         };
         match tokio::time::timeout(io_timeout, backend.store.load_script()).await {
             Ok(Ok(())) => {}
@@ -167,6 +185,35 @@ impl RedisBackend {
             ClockSource::Local => Some(now_ms),
             ClockSource::Redis => None,
         }
+    }
+
+    /// The current runtime's lane, made on its first decision: its connection, and so its
+    /// calls, stay on the runtime (the worker thread) that asks.
+    fn lane(&self) -> Result<Arc<Lane>, BackendError> {
+        let runtime = tokio::runtime::Handle::current().id();
+        let mine = |lanes: &[(tokio::runtime::Id, Arc<Lane>)]| {
+            lanes
+                .iter()
+                .find(|(r, _)| *r == runtime)
+                .map(|(_, lane)| lane.clone())
+        };
+        if let Some(lane) = mine(&self.lanes.load()) {
+            return Ok(lane);
+        }
+        let _adding = self.adding_lane.lock();
+        let lanes = self.lanes.load_full();
+        if let Some(lane) = mine(&lanes) {
+            return Ok(lane);
+        }
+        let lane = Arc::new(Lane {
+            conn: self.source.connect_here()?,
+            batches: Batches::default(),
+        });
+        let mut more = Vec::with_capacity(lanes.len() + 1);
+        more.extend(lanes.iter().cloned());
+        more.push((runtime, lane.clone()));
+        self.lanes.store(Arc::new(more));
+        Ok(lane)
     }
 
     /// Runs `work` as a task on the backend's runtime.
@@ -195,39 +242,6 @@ impl Store {
             }
         };
         result.map(|_| ()).map_err(|e| backend_error(&e))
-    }
-
-    /// Decides a batch of requests in one script call (the plain form when it holds one),
-    /// each request all or nothing on its own; its checks share one slot.
-    async fn decide_batch(
-        &self,
-        requests: &[Request<'_>],
-    ) -> Result<Vec<Vec<Verdict>>, BackendError> {
-        if let [(checks, now)] = requests {
-            let values = self
-                .invoke(scripts::invocation(Mode::Decide, *checks, *now))
-                .await?;
-            let enforce = enforce_flags(checks);
-            return Ok(vec![
-                scripts::decode(&values, Mode::Decide, &enforce)?.verdicts,
-            ]);
-        }
-        let values = self.invoke(scripts::batch_invocation(requests)).await?;
-        scripts::decode_batch(&values, requests.iter().map(|(checks, _)| checks.len()))
-    }
-
-    /// Runs one script call on the store (the master for Sentinel).
-    async fn invoke(&self, call: ScriptInvocation<'static>) -> Result<Vec<i64>, BackendError> {
-        let result = match self {
-            Store::Single(m) => call.invoke_async(&mut m.clone()).await,
-            Store::Cluster(c) => call.invoke_async(&mut c.clone()).await,
-            Store::Sentinel(s) => {
-                let result = call.invoke_async(&mut s.current()?).await;
-                s.check(&result);
-                result
-            }
-        };
-        result.map_err(|e| backend_error(&e))
     }
 
     async fn release(self, key: String, lease: u64) -> Result<(), BackendError> {
@@ -358,9 +372,9 @@ impl Backend for RedisBackend {
             now,
             answer,
         };
-        if self.batches.push(queue, waiting) {
-            self.io
-                .spawn(flush(self.store.clone(), self.batches.clone(), queue));
+        let lane = self.lane()?;
+        if lane.batches.push(queue, waiting) {
+            tokio::spawn(flush(lane, queue));
         }
         verdicts
             .await
@@ -640,6 +654,115 @@ fn in_check_order(groups: &[Vec<usize>], replies: &[Reply], count: usize) -> Vec
     verdicts
 }
 
+/// One runtime's connection for decisions, and its queues.
+struct Lane {
+    conn: LaneConn,
+    batches: Batches,
+}
+
+enum LaneConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    /// The store that names the master, and this lane's connection to the master it named
+    /// last: made again when the master changes.
+    Sentinel(Arc<SentinelStore>, parking_lot::Mutex<Option<LaneMaster>>),
+}
+
+/// The master as `SentinelStore` holds it, and a lane's own connection to it.
+type LaneMaster = (Arc<(ConnectionAddr, ConnectionManager)>, ConnectionManager);
+
+impl Lane {
+    /// Decides a batch of requests in one script call (the plain form when it holds one),
+    /// each request all or nothing on its own; its checks share one slot.
+    async fn decide_batch(
+        &self,
+        requests: &[Request<'_>],
+    ) -> Result<Vec<Vec<Verdict>>, BackendError> {
+        if let [(checks, now)] = requests {
+            let values = self
+                .invoke(scripts::invocation(Mode::Decide, *checks, *now))
+                .await?;
+            let enforce = enforce_flags(checks);
+            return Ok(vec![
+                scripts::decode(&values, Mode::Decide, &enforce)?.verdicts,
+            ]);
+        }
+        let values = self.invoke(scripts::batch_invocation(requests)).await?;
+        scripts::decode_batch(&values, requests.iter().map(|(checks, _)| checks.len()))
+    }
+
+    /// Runs one script call.
+    async fn invoke(&self, call: ScriptInvocation<'static>) -> Result<Vec<i64>, BackendError> {
+        let result = match &self.conn {
+            LaneConn::Single(m) => call.invoke_async(&mut m.clone()).await,
+            LaneConn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
+            LaneConn::Sentinel(s, mine) => {
+                let result = call.invoke_async(&mut master(s, mine)?).await;
+                s.check(&result);
+                result
+            }
+        };
+        result.map_err(|e| backend_error(&e))
+    }
+}
+
+/// A lane's connection to the master `s` names now: the one it made before, if the master
+/// is the same, else a new one (to the address of `s`'s connection, with its settings).
+fn master(
+    s: &Arc<SentinelStore>,
+    mine: &parking_lot::Mutex<Option<LaneMaster>>,
+) -> Result<ConnectionManager, BackendError> {
+    let Some(master) = s.master.load_full() else {
+        return s.current();
+    };
+    let mut mine = mine.lock();
+    if let Some((named, conn)) = &*mine {
+        if Arc::ptr_eq(named, &master) {
+            return Ok(conn.clone());
+        }
+    }
+    let info = master
+        .0
+        .clone()
+        .into_connection_info()
+        .map_err(|e| backend_error(&e))?
+        .set_redis_settings(s.master_settings.clone());
+    let conn = Client::open(no_delay(info))
+        .and_then(|client| {
+            ConnectionManager::new_lazy_with_config(client, s.manager_config.clone())
+        })
+        .map_err(|e| backend_error(&e))?;
+    *mine = Some((master, conn.clone()));
+    Ok(conn)
+}
+
+/// What the connections for decisions are made from: one per runtime that asks, so that
+/// a decision stays on the event loop of the worker thread that asks for it (Pingora runs
+/// one single-threaded runtime per worker thread), instead of waking the I/O runtime's
+/// thread and being woken by it.
+enum Source {
+    Single(Client, ConnectionManagerConfig),
+    Cluster(ClusterClient, ClusterConfig),
+    Sentinel(Arc<SentinelStore>),
+}
+
+impl Source {
+    /// A connection that the current runtime drives (made lazily, on first use).
+    fn connect_here(&self) -> Result<LaneConn, BackendError> {
+        match self {
+            Source::Single(client, config) => {
+                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                    .map(LaneConn::Single)
+                    .map_err(|e| backend_error(&e))
+            }
+            Source::Cluster(client, config) => Ok(LaneConn::Cluster(
+                client.get_pending_async_connection_with_config(config.clone()),
+            )),
+            Source::Sentinel(s) => Ok(LaneConn::Sentinel(s.clone(), Default::default())),
+        }
+    }
+}
+
 /// The most requests one batch call decides. A script blocks Redis for every other client
 /// while it runs, so this bounds that pause (about 64 × 2 µs for a one-check request) and
 /// the size of one call (64 × 8 arguments for one check each); past a few dozen requests a
@@ -696,19 +819,19 @@ impl Batches {
     }
 }
 
-/// Sends `queue`'s batches, one call at a time, until none waits. It runs as a task of its
-/// own, so a call completes even when the request that started it gives up: others ride on
-/// it.
-async fn flush(store: Store, batches: Arc<Batches>, queue: Option<Slot>) {
+/// Sends `queue`'s batches on `lane`, one call at a time, until none waits. It runs as a
+/// task of its own, so a call completes even when the request that started it gives up:
+/// others ride on it.
+async fn flush(lane: Arc<Lane>, queue: Option<Slot>) {
     let mut flushing = Flushing {
-        batches: &batches,
+        batches: &lane.batches,
         queue,
         done: false,
     };
-    while let Some(batch) = batches.next(queue) {
+    while let Some(batch) = lane.batches.next(queue) {
         let result = {
             let requests: Vec<Request<'_>> = batch.iter().map(|w| (&w.checks[..], w.now)).collect();
-            store.decide_batch(&requests).await
+            lane.decide_batch(&requests).await
         };
         match result {
             Ok(verdicts) => {
