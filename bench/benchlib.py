@@ -226,6 +226,10 @@ def redis_summary(text, requests):
         "evalsha_upc": (ev_usec / ev_calls) if ev_calls else None,
         "script_upc": (sc_usec / sc_calls) if sc_calls else None,
         "usec_per_req": all_usec / req,
+        # The scripts' own time (their TIME/GET/SET... included, counted once): Redis CPU
+        # per decision, since every request is one decision (one entry of a batch call).
+        "script_usec_per_req": sc_usec / req,
+        "req_per_script": (req / sc_calls) if sc_calls else None,
         "by_cmd": {k: v[0] for k, v in st.items() if base(k) not in HARNESS_CMDS},
     }
 
@@ -346,7 +350,8 @@ def summarize(run):
     if red:
         s["redis"] = {k: med([x[k] for x in red]) for k in
                       ("cmds", "cmds_per_req", "script_calls", "script_per_req",
-                       "evalsha_calls", "evalsha_upc", "script_upc", "usec_per_req")}
+                       "evalsha_calls", "evalsha_upc", "script_upc", "usec_per_req",
+                       "script_usec_per_req", "req_per_script")}
         s["redis"]["by_cmd"] = red[-1]["by_cmd"]
     dec = [r["decisions"] for r in ok if "decisions" in r]
     if dec:
@@ -376,7 +381,9 @@ def key_ratios(sums):
     ]
     red = sums.get("6", {}).get("redis")
     if red:
-        rows.append(("gcra, Redis: Redis µs per decision", f"{red['usec_per_req']:.2f} µs"))
+        rows.append(("gcra, Redis: Redis µs per decision", f"{red['script_usec_per_req']:.2f} µs"))
+        if red["req_per_script"]:
+            rows.append(("gcra, Redis: decisions per script call", f"{red['req_per_script']:.1f}"))
     rows = [(k, v) for k, v in rows if v is not None]
     if not rows:
         return []
@@ -462,17 +469,25 @@ def report(rundir):
                       "`INFO commandstats` around the measured wrk run (INFO/CONFIG excluded). "
                       "Commands that a script runs (TIME, GET, SET, ...) are counted by Redis too, "
                       "so \"script calls / request\" is the number of round trips for decisions "
-                      "and evalsha usec_per_call includes the script's own commands.", "",
+                      "and evalsha usec_per_call includes the script's own commands; "
+                      "\"Redis usec / request\" sums every command's usec, so it counts those "
+                      "twice. Concurrent decisions share a script call (a batch): \"requests / "
+                      "script call\" is its mean size, and \"Redis µs / decision\" is the "
+                      "scripts' time per request, their own commands counted once.", "",
                       "| # | contender | Redis commands / request | script calls / request "
-                      "| evalsha usec_per_call | Redis usec / request | commands seen |",
-                      "|---|---|---:|---:|---:|---:|---|"]
+                      "| requests / script call | evalsha usec_per_call | Redis usec / request "
+                      "| Redis µs / decision | commands seen |",
+                      "|---|---|---:|---:|---:|---:|---:|---:|---|"]
             for cid in red_ids:
                 r = sums[cid]["redis"]
                 seen = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_cmd"].items())) or "none"
                 upc = r["evalsha_upc"] if r["evalsha_upc"] is not None else r["script_upc"]
+                batch = r["req_per_script"]
                 lines.append(
                     f"| {cid} | {runs[cid]['label']} | {r['cmds_per_req']:.3f} | "
-                    f"{r['script_per_req']:.3f} | {fmt_ms(upc)} | {r['usec_per_req']:.2f} | {seen} |")
+                    f"{r['script_per_req']:.3f} | {'' if batch is None else f'{batch:.1f}'} | "
+                    f"{fmt_ms(upc)} | {r['usec_per_req']:.2f} | {r['script_usec_per_req']:.2f} | "
+                    f"{seen} |")
 
         dec_ids = [cid for cid in order if "decisions" in sums[cid]]
         if dec_ids:
