@@ -36,7 +36,7 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use async_trait::async_trait;
@@ -205,10 +205,7 @@ impl RedisBackend {
         if let Some(lane) = mine(&lanes) {
             return Ok(lane);
         }
-        let lane = Arc::new(Lane {
-            conn: self.source.connect_here()?,
-            batches: Batches::default(),
-        });
+        let lane = Arc::new(Lane::new(self.source.connect_here()?));
         let mut more = Vec::with_capacity(lanes.len() + 1);
         more.extend(lanes.iter().cloned());
         more.push((runtime, lane.clone()));
@@ -658,6 +655,9 @@ fn in_check_order(groups: &[Vec<usize>], replies: &[Reply], count: usize) -> Vec
 struct Lane {
     conn: LaneConn,
     batches: Batches,
+    /// When the lane was made, and how long after that its last call ended (ms).
+    made: Instant,
+    last_call: AtomicU64,
 }
 
 enum LaneConn {
@@ -691,17 +691,41 @@ impl Lane {
         scripts::decode_batch(&values, requests.iter().map(|(checks, _)| checks.len()))
     }
 
-    /// Runs one script call.
+    fn new(conn: LaneConn) -> Lane {
+        Lane {
+            conn,
+            batches: Batches::default(),
+            made: Instant::now(),
+            last_call: AtomicU64::new(0),
+        }
+    }
+
+    /// Runs one script call; after `IDLE_CHECK` without one, a PING first.
     async fn invoke(&self, call: ScriptInvocation<'static>) -> Result<Vec<i64>, BackendError> {
+        let since = |made: Instant| made.elapsed().as_millis() as u64;
+        // Cluster lanes may have calls for several slots in flight: the last may end first.
+        let idle = since(self.made).saturating_sub(self.last_call.load(Ordering::Relaxed));
+        let check = idle >= IDLE_CHECK.as_millis() as u64;
+        let ping = || redis::cmd("PING");
         let result = match &self.conn {
-            LaneConn::Single(m) => call.invoke_async(&mut m.clone()).await,
+            LaneConn::Single(m) => {
+                if check {
+                    let _ = ping().query_async::<redis::Value>(&mut m.clone()).await;
+                }
+                call.invoke_async(&mut m.clone()).await
+            }
             LaneConn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
             LaneConn::Sentinel(s, mine) => {
-                let result = call.invoke_async(&mut master(s, mine)?).await;
+                let mut m = master(s, mine)?;
+                if check {
+                    let _ = ping().query_async::<redis::Value>(&mut m).await;
+                }
+                let result = call.invoke_async(&mut m).await;
                 s.check(&result);
                 result
             }
         };
+        self.last_call.store(since(self.made), Ordering::Relaxed);
         result.map_err(|e| backend_error(&e))
     }
 }
@@ -762,6 +786,13 @@ impl Source {
         }
     }
 }
+
+/// A lane that made no call for this long checks its connection with a PING before the
+/// next: a connection that died while idle (Redis restarted, a peer cut it) is noticed by
+/// redis-rs only when a call fails on it, and that decision would then follow `on_error`
+/// (with "allow", pass uncharged). The PING fails instead, and the call that follows goes
+/// on a new connection. Busy lanes never pay for it.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// The most requests one batch call decides. A script blocks Redis for every other client
 /// while it runs, so this bounds that pause (about 64 × 2 µs for a one-check request) and
