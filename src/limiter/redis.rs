@@ -48,7 +48,7 @@ use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisConnectionInfo,
-    RedisError, ScriptInvocation, ServerErrorKind, TlsMode,
+    RedisError, RedisFuture, ScriptInvocation, ServerErrorKind, TlsMode, Value,
 };
 use tokio::sync::oneshot;
 
@@ -225,34 +225,72 @@ impl RedisBackend {
     }
 }
 
+/// The connection a store's calls go on: the one server's or the Sentinel master's
+/// (managed, reconnecting), or the cluster's.
+enum Conn {
+    Managed(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Managed(m) => m.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Managed(m) => m.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Managed(m) => m.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 impl Store {
+    /// The connection to call on now (Sentinel: the current master's).
+    fn conn(&self) -> Result<Conn, BackendError> {
+        match self {
+            Store::Single(m) => Ok(Conn::Managed(m.clone())),
+            Store::Cluster(c) => Ok(Conn::Cluster(c.clone())),
+            Store::Sentinel(s) => s.current().map(Conn::Managed),
+        }
+    }
+
+    /// A call's result as the backend reports it; with Sentinel, an error that says the
+    /// master moved or went away also starts a new look-up.
+    fn checked<T>(&self, result: Result<T, RedisError>) -> Result<T, BackendError> {
+        if let Store::Sentinel(s) = self {
+            s.check(&result);
+        }
+        result.map_err(|e| backend_error(&e))
+    }
+
     async fn load_script(&self) -> Result<(), BackendError> {
-        let result = match self {
-            Store::Single(m) => scripts::full_script().load_async(&mut m.clone()).await,
-            Store::Cluster(c) => scripts::full_script().load_async(&mut c.clone()).await,
-            Store::Sentinel(s) => {
-                s.resolve().await?;
-                let mut m = s.current()?;
-                let result = scripts::full_script().load_async(&mut m).await;
-                s.check(&result);
-                result
-            }
-        };
-        result.map(|_| ()).map_err(|e| backend_error(&e))
+        if let Store::Sentinel(s) = self {
+            s.resolve().await?;
+        }
+        let result = scripts::full_script().load_async(&mut self.conn()?).await;
+        self.checked(result).map(|_| ())
     }
 
     async fn release(self, key: String, lease: u64) -> Result<(), BackendError> {
         let release = scripts::release_invocation(&key, lease);
-        let result: Result<Vec<i64>, RedisError> = match self {
-            Store::Single(mut m) => release.invoke_async(&mut m).await,
-            Store::Cluster(mut c) => release.invoke_async(&mut c).await,
-            Store::Sentinel(s) => {
-                let result = release.invoke_async(&mut s.current()?).await;
-                s.check(&result);
-                result
-            }
-        };
-        result.map(|_| ()).map_err(|e| backend_error(&e))
+        let result = release.invoke_async::<Vec<i64>>(&mut self.conn()?).await;
+        self.checked(result).map(|_| ())
     }
 
     async fn renew(
@@ -263,16 +301,8 @@ impl Store {
         now: Option<u64>,
     ) -> Result<bool, BackendError> {
         let renew = scripts::renew_invocation(&key, lease, lease_ms, now);
-        let result: Result<Vec<i64>, RedisError> = match self {
-            Store::Single(mut m) => renew.invoke_async(&mut m).await,
-            Store::Cluster(mut c) => renew.invoke_async(&mut c).await,
-            Store::Sentinel(s) => {
-                let result = renew.invoke_async(&mut s.current()?).await;
-                s.check(&result);
-                result
-            }
-        };
-        match result.map_err(|e| backend_error(&e))?[..] {
+        let result = renew.invoke_async::<Vec<i64>>(&mut self.conn()?).await;
+        match self.checked(result)?[..] {
             [_, held] => Ok(held == 1),
             ref other => Err(BackendError::Script(format!(
                 "renew: expected 2 integers, got {}",
@@ -291,16 +321,8 @@ impl Store {
         let mut verdicts = Vec::with_capacity(checks.len());
         for check in &checks {
             let one = std::slice::from_ref(check);
-            let result: Result<Vec<i64>, RedisError> = match &self {
-                Store::Single(m) => call(&mut m.clone(), Mode::Peek, one, now).await,
-                Store::Cluster(c) => call(&mut c.clone(), Mode::Peek, one, now).await,
-                Store::Sentinel(s) => {
-                    let result = call(&mut s.current()?, Mode::Peek, one, now).await;
-                    s.check(&result);
-                    result
-                }
-            };
-            let values = result.map_err(|e| backend_error(&e))?;
+            let result = call(&mut self.conn()?, Mode::Peek, one, now).await;
+            let values = self.checked(result)?;
             verdicts.extend(scripts::decode(&values, Mode::Peek, &enforce_flags(one))?.verdicts);
         }
         Ok(verdicts)
@@ -311,32 +333,12 @@ impl Store {
         self,
         cmd: redis::Cmd,
     ) -> Result<T, BackendError> {
-        let result: Result<T, RedisError> = match self {
-            Store::Single(mut m) => cmd.query_async(&mut m).await,
-            Store::Cluster(mut c) => cmd.query_async(&mut c).await,
-            Store::Sentinel(s) => {
-                let result = cmd.query_async(&mut s.current()?).await;
-                s.check(&result);
-                result
-            }
-        };
-        result.map_err(|e| backend_error(&e))
+        let result = cmd.query_async(&mut self.conn()?).await;
+        self.checked(result)
     }
 
     async fn ping(self) -> bool {
-        let ping = redis::cmd("PING");
-        match self {
-            Store::Single(mut m) => ping.query_async::<String>(&mut m).await.is_ok(),
-            Store::Cluster(mut c) => ping.query_async::<String>(&mut c).await.is_ok(),
-            Store::Sentinel(s) => match s.current() {
-                Ok(mut m) => {
-                    let result = ping.query_async::<String>(&mut m).await;
-                    s.check(&result);
-                    result.is_ok()
-                }
-                Err(_) => false,
-            },
-        }
+        self.query::<String>(redis::cmd("PING")).await.is_ok()
     }
 }
 
@@ -706,25 +708,19 @@ impl Lane {
         // Cluster lanes may have calls for several slots in flight: the last may end first.
         let idle = since(self.made).saturating_sub(self.last_call.load(Ordering::Relaxed));
         let check = idle >= IDLE_CHECK.as_millis() as u64;
-        let ping = || redis::cmd("PING");
-        let result = match &self.conn {
-            LaneConn::Single(m) => {
-                if check {
-                    let _ = ping().query_async::<redis::Value>(&mut m.clone()).await;
-                }
-                call.invoke_async(&mut m.clone()).await
-            }
-            LaneConn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
-            LaneConn::Sentinel(s, mine) => {
-                let mut m = master(s, mine)?;
-                if check {
-                    let _ = ping().query_async::<redis::Value>(&mut m).await;
-                }
-                let result = call.invoke_async(&mut m).await;
-                s.check(&result);
-                result
-            }
+        let mut conn = match &self.conn {
+            LaneConn::Single(m) => Conn::Managed(m.clone()),
+            LaneConn::Cluster(c) => Conn::Cluster(c.clone()),
+            LaneConn::Sentinel(s, mine) => Conn::Managed(master(s, mine)?),
         };
+        // A cluster connection retries a call that finds a dead connection (`retries(3)`).
+        if check && matches!(conn, Conn::Managed(_)) {
+            let _ = redis::cmd("PING").query_async::<Value>(&mut conn).await;
+        }
+        let result = call.invoke_async(&mut conn).await;
+        if let LaneConn::Sentinel(s, _) = &self.conn {
+            s.check(&result);
+        }
         self.last_call.store(since(self.made), Ordering::Relaxed);
         result.map_err(|e| backend_error(&e))
     }
