@@ -75,6 +75,18 @@ else
 end
 local checks = #KEYS
 
+-- The check whose fields follow ARGV[at], asked with `op`: its algorithm's function (nil
+-- for an unknown one), its cost, and the op that cost leaves (a cost of 0 only peeks).
+-- Most requests cost 1: spare converting it.
+local function one_check(at, op)
+  local name, cost = argv[at + 1], argv[at + 6]
+  local run = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
+  if cost == '1' then return run, 1, op end
+  cost = cost + 0
+  if cost == 0 then op = 'peek' end
+  return run, cost, op
+end
+
 -- One check to decide or peek (the common case): a decide charges it in the same pass,
 -- when it allows.
 if checks == 1 and #argv == 2 + FIELDS then
@@ -85,16 +97,9 @@ if checks == 1 and #argv == 2 + FIELDS then
     op = 'peek'
   end
   if op then
-    local name, cost = argv[3], argv[8]
-    local run = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
-    if not run then return redis.error_reply('sluice: unknown algorithm ' .. name) end
-    -- Most requests cost 1: spare converting it.
-    if cost == '1' then
-      cost = 1
-    else
-      cost = cost + 0
-      if cost == 0 then op = 'peek' end
-    end
+    local run, cost
+    run, cost, op = one_check(2, op)
+    if not run then return redis.error_reply('sluice: unknown algorithm ' .. argv[3]) end
     local allowed, remaining, reset, delay = run(KEYS[1], 2, now, op, cost)
     return {now, allowed and 1 or 0, remaining, reset, delay}
   end
@@ -159,16 +164,8 @@ repeat
   if batch and (mode == 'decide1' or mode == 'decide0') then
     -- One check that bans nobody (most requests): decided and charged in one pass, as a
     -- call of its own is above.
-    local name, cost = argv[at + 1], argv[at + 6]
-    local run = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
-    if not run then return redis.error_reply('sluice: unknown algorithm ' .. name) end
-    local op = 'decide'
-    if cost == '1' then
-      cost = 1
-    else
-      cost = cost + 0
-      if cost == 0 then op = 'peek' end
-    end
+    local run, cost, op = one_check(at, 'decide')
+    if not run then return redis.error_reply('sluice: unknown algorithm ' .. argv[at + 1]) end
     local allowed
     allowed, reply[r + 2], reply[r + 3], reply[r + 4] = run(KEYS[k + 1], at, now, op, cost)
     reply[r + 1] = allowed and 1 or 0
