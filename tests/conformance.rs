@@ -398,6 +398,38 @@ fn step_cost(rng: &mut Rng, limit: u64) -> u64 {
     }
 }
 
+/// One step of a random walk on `k` under `r` at `now`: for concurrency with leases held,
+/// now and then the release of one; else a check costing `cost(rng)`, decided on both
+/// backends, its lease kept when admitted.
+#[allow(clippy::too_many_arguments)]
+async fn walk_step(
+    twin: &Twin,
+    k: &str,
+    r: Rule,
+    rng: &mut Rng,
+    now: u64,
+    step: u64,
+    held: &mut Vec<u64>,
+    cost: impl FnOnce(&mut Rng) -> u64,
+) {
+    let concurrency = r.algorithm == Algorithm::Concurrency;
+    if concurrency && !held.is_empty() && rng.below(3) == 0 {
+        let lease = held.swap_remove(rng.below(held.len() as u64) as usize);
+        twin.release(k, lease).await;
+        return;
+    }
+    let cost = cost(rng);
+    let c = check(k, r, cost, true, step + 1);
+    let v = twin
+        .decide(std::slice::from_ref(&c), now, &|| {
+            format!("{r:?} step {step} now {now} cost {cost}")
+        })
+        .await;
+    if concurrency && v[0].allowed {
+        held.push(step + 1);
+    }
+}
+
 /// Every algorithm, every rule, a seeded random walk of single checks.
 #[tokio::test]
 async fn single_checks_match_on_random_sequences() {
@@ -411,21 +443,8 @@ async fn single_checks_match_on_random_sequences() {
             let mut held: Vec<u64> = Vec::new();
             for step in 0..400u64 {
                 let now = clock.to(step_time(&mut rng, clock.sim, r.period_ms));
-                if algorithm == Algorithm::Concurrency && !held.is_empty() && rng.below(3) == 0 {
-                    let lease = held.swap_remove(rng.below(held.len() as u64) as usize);
-                    twin.release(&k, lease).await;
-                    continue;
-                }
-                let cost = step_cost(&mut rng, r.limit);
-                let c = check(&k, r, cost, true, step + 1);
-                let v = twin
-                    .decide(std::slice::from_ref(&c), now, &|| {
-                        format!("{r:?} step {step} now {now} cost {cost}")
-                    })
-                    .await;
-                if algorithm == Algorithm::Concurrency && v[0].allowed {
-                    held.push(step + 1);
-                }
+                let cost = |rng: &mut Rng| step_cost(rng, r.limit);
+                walk_step(&twin, &k, r, &mut rng, now, step, &mut held, cost).await;
             }
         }
     }
@@ -1268,21 +1287,8 @@ async fn changing_numbers_on_one_key_match() {
         for step in 0..400u64 {
             let r = tiers[rng.below(tiers.len() as u64) as usize];
             let now = clock.to(step_time(&mut rng, clock.sim, 1_000).min(clock.sim + 3_000));
-            if algorithm == Algorithm::Concurrency && !held.is_empty() && rng.below(3) == 0 {
-                let lease = held.swap_remove(rng.below(held.len() as u64) as usize);
-                twin.release(&k, lease).await;
-                continue;
-            }
-            let cost = step_cost(&mut rng, 3).min(4);
-            let c = check(&k, r, cost, true, step + 1);
-            let v = twin
-                .decide(std::slice::from_ref(&c), now, &|| {
-                    format!("{r:?} step {step} now {now} cost {cost}")
-                })
-                .await;
-            if algorithm == Algorithm::Concurrency && v[0].allowed {
-                held.push(step + 1);
-            }
+            let cost = |rng: &mut Rng| step_cost(rng, 3).min(4);
+            walk_step(&twin, &k, r, &mut rng, now, step, &mut held, cost).await;
         }
     }
 }

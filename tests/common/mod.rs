@@ -385,23 +385,33 @@ pub fn ban_policies() -> String {
     )
 }
 
-/// GETs `path` until the first rejection: two pass (three, if a window turns between them).
-pub fn first_rejection(s: &Sluice, path: &str) -> http::Response {
-    let mut first = s.get(path);
+/// The ban tests' opening, on route `/a` under `ban_policies`: GETs on `first` until
+/// `strict` rejects (two pass, three if a window turns between them), which bans for 4 s;
+/// 1.5 s later, in a new window, `later` still rejects, with the ban's rest (1–3 s) as
+/// Retry-After. Returns when the ban began.
+pub fn banned_then_still_banned(first: &Sluice, later: &Sluice) -> Instant {
+    let mut rejected = first.get("/a");
     for _ in 0..3 {
-        if first.status == 429 {
+        if rejected.status == 429 {
             break;
         }
-        first = s.get(path);
+        rejected = first.get("/a");
     }
-    first
-}
-
-/// The Retry-After of `r`, in seconds.
-pub fn retry_after(r: &http::Response) -> u64 {
-    r.header("retry-after")
+    let started = Instant::now();
+    assert_eq!(rejected.status, 429);
+    assert_eq!(rejected.header("retry-after"), Some("4"));
+    std::thread::sleep(Duration::from_millis(1_500));
+    let r = later.get("/a");
+    assert_eq!(r.status, 429);
+    let retry: u64 = r
+        .header("retry-after")
         .and_then(|v| v.parse().ok())
-        .expect("Retry-After")
+        .expect("Retry-After");
+    assert!(
+        (1..=3).contains(&retry),
+        "Retry-After {retry} should count the ban down"
+    );
+    started
 }
 
 pub fn count_status(responses: &[http::Response], status: u16) -> usize {
