@@ -26,8 +26,10 @@
 -- Why one function per algorithm, and no helper functions: Redis runs the script's top
 -- level on every call, so every `function` in it makes a new closure every call, and with
 -- a closure per operation and per helper that cost more server CPU than a decision's
--- arithmetic. For the same reason the functions use no upvalues (they read globals), build
--- no tables, and take state apart with string.find/sub, not gmatch. Every VM instruction
+-- arithmetic. For the same reason the functions use no upvalues (they read globals) but
+-- the state helpers at the end of this file (three closures a call, which a batch repays
+-- with every GET and SET it saves), build no tables, and take state apart with
+-- string.find/sub, not gmatch. Every VM instruction
 -- and library call shows in the server's CPU: bench/lua_cost.sh measures it.
 --
 -- Numbers: every value is an integer number of ms or units, held exactly in a Lua 5.1
@@ -41,5 +43,53 @@
 -- tostring/`..` print %.14g ("1.7953787950501e+12" past 14 digits), and Redis 7.2.0–7.2.4
 -- turn a Lua number argument such as 100000000 into "1e+08" (redis#13113).
 --
+-- String state (fixed_window, sliding_window, token_bucket, gcra, leaky_bucket and ban
+-- keys) goes through read(key) and write(key, ttl, format, ...): one call (a batch decides
+-- many requests, often of one key) reads a key from Redis once and writes it once, its last
+-- value, when the call ends (flush, in decide.lua). A SET ... PX (or a DEL) replaces a
+-- string key whole, so the last one is all a sequence of them leaves: the outcome is the
+-- one writing every time would give, at one GET and one SET per key and call.
+--
 -- Stored state keeps the text layout of earlier versions ("a:b" strings, the sorted sets),
 -- so instances of both versions can share one Redis during a rolling upgrade.
+
+-- The call's string state, by key: `fetched`, the text GET gave (false: absent); once the
+-- call has written the key, `expiry` its TTL in ms (false: deleted) and `layout`, `n1`,
+-- `n2`, `n3` its text's format and numbers, formatted only when the call ends.
+local fetched, expiry, layout, n1, n2, n3 = {}, {}, {}, {}, {}, {}
+
+-- The key's state: its text as Redis holds it (false: absent) while this call has not
+-- written it; after that nil, then the numbers written (none: deleted). So a batch parses
+-- and formats a key's text once, not once a request.
+local function read(key)
+  local ttl = expiry[key]
+  if ttl then return nil, n1[key], n2[key], n3[key] end
+  if ttl == false then return nil end
+  local text = fetched[key]
+  if text == nil then
+    text = redis.call('GET', key)
+    fetched[key] = text
+  end
+  return text
+end
+
+-- Sets `key` to string.format(format, a, b, c) for `ttl` ms, or deletes it when ttl <= 0,
+-- when the call ends.
+local function write(key, ttl, format, a, b, c)
+  if ttl > 0 then
+    expiry[key], layout[key], n1[key], n2[key], n3[key] = ttl, format, a, b, c
+  else
+    expiry[key] = false
+  end
+end
+
+local function flush()
+  for key, ttl in pairs(expiry) do
+    if ttl then
+      redis.call('SET', key, string.format(layout[key], n1[key], n2[key], n3[key]), 'PX',
+        string.format('%d', ttl))
+    else
+      redis.call('DEL', key)
+    end
+  end
+end

@@ -36,8 +36,10 @@
 --         "refund"/"release": {now}; "renew": {now, then per key 1 if the lease was
 --         live (and is renewed), else 0}. Whether a decide charged follows from the verdicts.
 --
--- A batch is one call: if it fails, it fails for every request in it, and the requests
--- decided before the failure keep their charges.
+-- A batch is one call: if it fails, it fails for every request in it. The requests decided
+-- before the failure keep the charges of their sliding_log and concurrency checks, which
+-- write as they go, and lose the others', which are written when the call ends (flush, see
+-- common.lua).
 --
 -- A check of cost 0 only observes: it is decided (always allowed, see the algorithm
 -- files) but never charged, so never refunded either.
@@ -101,6 +103,7 @@ if checks == 1 and #argv == 2 + FIELDS then
     run, cost, op = one_check(2, op)
     if not run then return redis.error_reply('sluice: unknown algorithm ' .. argv[3]) end
     local allowed, remaining, reset, delay = run(KEYS[1], 2, now, op, cost)
+    flush()
     return {now, allowed and 1 or 0, remaining, reset, delay}
   end
 end
@@ -140,6 +143,7 @@ if mode == 'refund' then
     local cost = argv[at + 6] + 0
     if cost > 0 then runs[i](KEYS[i], at, now, 'refund', cost, charged_at) end
   end
+  flush()
   return {now}
 end
 
@@ -209,11 +213,9 @@ repeat
       local flag, ban_until = string.byte(mode, flags + i - 1), nil
       if flag == 50 then
         banned = banned + 1
-        ban_until = redis.call('GET', KEYS[k + checks + banned])
-        if ban_until then
-          ban_until = ban_until + 0
-          if ban_until <= now then ban_until = nil end
-        end
+        local text, written = read(KEYS[k + checks + banned])
+        ban_until = text and text + 0 or written
+        if ban_until and ban_until <= now then ban_until = nil end
       end
       if ban_until then
         reply[q], reply[q + 1], reply[q + 2], reply[q + 3] = 2, 0, ban_until - now, ban_until - now
@@ -235,8 +237,7 @@ repeat
           local q = r + 4 * i - 3
           if reply[q] == 0 then
             local ban = argv[at + FIELDS * checks + b] + 0
-            redis.call('SET', KEYS[k + checks + b], string.format('%d', now + ban),
-              'PX', string.format('%d', ban))
+            write(KEYS[k + checks + b], ban, '%d', now + ban)
             if reply[q + 3] < ban then reply[q + 3] = ban end
           end
         end
@@ -258,4 +259,5 @@ if at ~= last or k ~= #KEYS then
   return redis.error_reply('sluice: a batch of ' .. #KEYS .. ' keys and ' .. last ..
     ' arguments does not add up')
 end
+flush()
 return reply

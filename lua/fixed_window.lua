@@ -11,19 +11,20 @@ local function fixed_window(key, at, now, op, cost, x, y)
   local allowed, remaining, reset, delay
   local p = argv[at + 3] + 0
   if op ~= 'store' then
-    local text = redis.call('GET', key)
-    local colon = text and string.find(text, ':', 1, true)
+    local text, stored, stored_count = read(key)
+    if text then
+      local colon = string.find(text, ':', 1, true)
+      stored, stored_count = string.sub(text, 1, colon - 1) + 0, string.sub(text, colon + 1) + 0
+    end
     if op == 'refund' then
       start = x - x % p
-      if not text or string.sub(text, 1, colon - 1) + 0 ~= start then return end
-      count = string.sub(text, colon + 1) - cost
+      if stored ~= start then return end
+      count = stored_count - cost
       if count < 0 then count = 0 end
     else
       local limit = argv[at + 2] + 0
       start, count = now - now % p, 0
-      if text and string.sub(text, 1, colon - 1) + 0 == start then
-        count = string.sub(text, colon + 1) + 0
-      end
+      if stored == start then count = stored_count end
       reset = start + p - now
       allowed = cost == 0 or count + cost <= limit
       -- delay: denied, the wait until the next window.
@@ -41,10 +42,6 @@ local function fixed_window(key, at, now, op, cost, x, y)
     end
   end
   local ttl = start + p - now
-  if ttl > 0 then
-    redis.call('SET', key, string.format('%d:%d', start, count), 'PX', string.format('%d', ttl))
-  else
-    redis.call('DEL', key)
-  end
+  write(key, ttl, '%d:%d', start, count)
   return allowed, remaining, reset, delay
 end

@@ -16,26 +16,29 @@ local function gcra(key, at, now, op, cost, ms, frac)
   local allowed, remaining, reset, delay
   if op ~= 'store' then
     local limit, p = argv[at + 2] + 0, argv[at + 3] + 0
-    local text = redis.call('GET', key)
-    local colon = text and string.find(text, ':', 1, true)
+    local text, tat, tat_frac = read(key)
+    if text then
+      local colon = string.find(text, ':', 1, true)
+      tat, tat_frac = string.sub(text, 1, colon - 1) + 0, string.sub(text, colon + 1) + 0
+    end
     if op == 'refund' then
-      if not text then return end
+      if not tat then return end
       local back = cost * p
       local back_frac = back % limit
-      ms = string.sub(text, 1, colon - 1) - (back - back_frac) / limit
-      frac = string.sub(text, colon + 1) - back_frac
+      ms = tat - (back - back_frac) / limit
+      frac = tat_frac - back_frac
       if frac < 0 then ms, frac = ms - 1, frac + limit end
     else
       local shaping = argv[at + 1] == 'leaky_bucket'
       local tolerance = argv[at + 4] * p
       -- ahead = (tat − now) × limit, or 0 when tat is in the past.
       local ahead = 0
-      if text then
-        ahead = string.sub(text, 1, colon - 1) - now
+      if tat then
+        ahead = tat - now
         if ahead < 0 then
           ahead = 0
         else
-          ahead = ahead * limit + string.sub(text, colon + 1)
+          ahead = ahead * limit + tat_frac
         end
       end
       local new_ahead = ahead + cost * p
@@ -91,10 +94,6 @@ local function gcra(key, at, now, op, cost, ms, frac)
   end
   local ttl = ms - now
   if frac > 0 then ttl = ttl + 1 end
-  if ttl > 0 then
-    redis.call('SET', key, string.format('%d:%d', ms, frac), 'PX', string.format('%d', ttl))
-  else
-    redis.call('DEL', key)
-  end
+  write(key, ttl, '%d:%d', ms, frac)
   return allowed, remaining, reset, delay
 end

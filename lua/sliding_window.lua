@@ -13,8 +13,8 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
   local allowed, remaining, reset, retry
   local p = argv[at + 3] + 0
   if op ~= 'store' then
-    local text = redis.call('GET', key)
-    local stored
+    local text, stored
+    text, stored, prev, curr = read(key)
     if text then
       local c1 = string.find(text, ':', 1, true)
       local c2 = string.find(text, ':', c1 + 1, true)
@@ -22,7 +22,7 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
         string.sub(text, c1 + 1, c2 - 1) + 0, string.sub(text, c2 + 1) + 0
     end
     if op == 'refund' then
-      if not text then return end
+      if not stored then return end
       start = x - x % p
       if stored == start then
         curr = curr - cost
@@ -102,11 +102,6 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
   end
   local ttl = start + p - now
   if curr > 0 then ttl = ttl + p end
-  if ttl > 0 then
-    redis.call('SET', key, string.format('%d:%d:%d', start, prev, curr), 'PX',
-      string.format('%d', ttl))
-  else
-    redis.call('DEL', key)
-  end
+  write(key, ttl, '%d:%d:%d', start, prev, curr)
   return allowed, remaining, reset, retry
 end

@@ -14,17 +14,18 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
   local limit, p = argv[at + 2] + 0, argv[at + 3] + 0
   local capacity = argv[at + 4] * p
   if op ~= 'store' then
-    local text = redis.call('GET', key)
+    local text
+    text, scaled, last = read(key)
     if text then
       local colon = string.find(text, ':', 1, true)
       scaled, last = string.sub(text, 1, colon - 1) + 0, string.sub(text, colon + 1) + 0
     end
     if op == 'refund' then
-      if not text then return end
+      if not scaled then return end
       scaled = scaled + cost * p
       if scaled > capacity then scaled = capacity end
     else
-      if not text then scaled, last = capacity, now end
+      if not scaled then scaled, last = capacity, now end
       -- Refill; a clock that went back refills nothing.
       if now > last then
         scaled = scaled + (now - last) * limit
@@ -57,10 +58,6 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
   local ttl = capacity - scaled
   if ttl < 0 then ttl = 0 end
   ttl = last + (ttl + (-ttl) % limit) / limit - now
-  if ttl > 0 then
-    redis.call('SET', key, string.format('%d:%d', scaled, last), 'PX', string.format('%d', ttl))
-  else
-    redis.call('DEL', key)
-  end
+  write(key, ttl, '%d:%d', scaled, last)
   return allowed, remaining, reset, delay
 end
