@@ -463,3 +463,43 @@ fn tls_upstream_is_verified_against_its_sni_name() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// With `threads = 2` each worker listens on a socket of its own (SO_REUSEPORT: the kernel
+/// spreads new connections over them) and so serves its connections on its own thread;
+/// every connection is answered.
+#[test]
+fn every_worker_listens_on_a_socket_of_its_own() {
+    let s = Sluice::start(&base(
+        r#"
+[[routes]]
+name = "all"
+path_prefix = "/"
+respond = { status = 200, body = "ok\n" }
+"#,
+    ));
+    assert_eq!(listening_sockets(s.addr.port()), 2, "one per worker thread");
+    for _ in 0..16 {
+        assert_eq!(http::get(s.addr, "/", &[]).status, 200);
+    }
+}
+
+/// TCP sockets in state LISTEN on `port`, from /proc/net/tcp and tcp6.
+fn listening_sockets(port: u16) -> usize {
+    let local = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .map(|line| {
+                    line.split_whitespace()
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
+        })
+        .filter(|fields| fields.len() > 3 && fields[1].ends_with(&local) && fields[3] == "0A")
+        .count()
+}
