@@ -19,8 +19,10 @@
 --           "batch"   several requests, each decided exactly as its own "decide" call
 --                     would be, in order (so each sees what those before it charged).
 --                     After ARGV[2], request after request: its "decide..." mode, with
---                     ARGV[2] = "each" its now, then its fields and bans as below; KEYS
---                     hold each request's keys then its ban keys, request after request
+--                     ARGV[2] = "each" its now, then its fields and bans as below; or
+--                     "=" (then its now with "each"): the mode, fields and bans of the
+--                     request before it. KEYS hold each request's keys then its ban keys,
+--                     request after request
 -- ARGV[2] now in ms, or "" to read the server's clock (TIME; a batch reads it once), or
 --         for "batch" "each": every request brings its own now
 -- then six fields per check (for "refund" after ARGV[3]): algorithm, limit, period_ms,
@@ -149,31 +151,38 @@ end
 
 -- decide and peek: one request, its mode ARGV[1] and its fields after ARGV[2]; or, for
 -- "batch", one request after another, each as a "decide" of its own would be decided. For
--- the request at hand, ARGV[at + 1] is its first check's algorithm, KEYS[k + 1] its first
--- key and reply[r + 1] the first of its first check's integers. The tables are reused
+-- the request at hand, ARGV[f + 1] is its first check's algorithm, KEYS[k + 1] its first
+-- key and reply[r + 1] the first of its first check's integers; ARGV[at] is the last
+-- argument read. The tables are reused
 -- from one request to the next: each reads only the entries it wrote.
 local batch = mode == 'batch'
-local last, at, k, r = #argv, 2, 0, 1
+local last, at, f, k, r = #argv, 2, 2, 0, 1
 local reply, runs, costs, states = {now}, {}, {}, {}
 if each then reply[1] = 0 end
 repeat
+  -- A batch request whose mode is "=" has the mode, fields and bans of the one before it
+  -- (most requests of a batch are one route's): only its keys and its now are its own.
+  local same = false
   if batch then
     at = at + 1
-    mode = argv[at]
+    same = argv[at] == '='
+    if not same then mode = argv[at] end
     if each then
       at = at + 1
       now = argv[at] + 0
     end
+    if not same then f = at end
   end
   if batch and (mode == 'decide1' or mode == 'decide0') then
     -- One check that bans nobody (most requests): decided and charged in one pass, as a
     -- call of its own is above.
-    local run, cost, op = one_check(at, 'decide')
-    if not run then return redis.error_reply('sluice: unknown algorithm ' .. argv[at + 1]) end
+    local run, cost, op = one_check(f, 'decide')
+    if not run then return redis.error_reply('sluice: unknown algorithm ' .. argv[f + 1]) end
     local allowed
-    allowed, reply[r + 2], reply[r + 3], reply[r + 4] = run(KEYS[k + 1], at, now, op, cost)
+    allowed, reply[r + 2], reply[r + 3], reply[r + 4] = run(KEYS[k + 1], f, now, op, cost)
     reply[r + 1] = allowed and 1 or 0
-    at, k, r = at + FIELDS, k + 1, r + 4
+    if not same then at = at + FIELDS end
+    k, r = k + 1, r + 4
   else
     -- The mode's flags start at byte `flags`: "1" (byte 49) enforced; "2" (byte 50)
     -- enforced, and bans; "0" a shadow.
@@ -200,10 +209,10 @@ repeat
       end
     end
     for i = 1, checks do
-      local name = argv[at + FIELDS * (i - 1) + 1]
+      local name = argv[f + FIELDS * (i - 1) + 1]
       runs[i] = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
       if not runs[i] then return redis.error_reply('sluice: unknown algorithm ' .. name) end
-      costs[i] = argv[at + FIELDS * (i - 1) + 6] + 0
+      costs[i] = argv[f + FIELDS * (i - 1) + 6] + 0
     end
 
     -- Evaluate all, keeping what each would store, then charge all or none.
@@ -223,7 +232,7 @@ repeat
       else
         local allowed
         allowed, reply[q + 1], reply[q + 2], reply[q + 3], states[s], states[s + 1], states[s + 2] =
-          runs[i](KEYS[k + i], at + FIELDS * (i - 1), now, 'peek', costs[i])
+          runs[i](KEYS[k + i], f + FIELDS * (i - 1), now, 'peek', costs[i])
         reply[q] = allowed and 1 or 0
         if not allowed and (flag == 49 or flag == 50) then charge = false end
       end
@@ -236,7 +245,7 @@ repeat
           b = b + 1
           local q = r + 4 * i - 3
           if reply[q] == 0 then
-            local ban = argv[at + FIELDS * checks + b] + 0
+            local ban = argv[f + FIELDS * checks + b] + 0
             write(KEYS[k + checks + b], ban, '%d', now + ban)
             if reply[q + 3] < ban then reply[q + 3] = ban end
           end
@@ -247,12 +256,13 @@ repeat
       for i = 1, checks do
         local s = 3 * i - 2
         if reply[r + 4 * i - 3] == 1 and costs[i] > 0 then
-          runs[i](KEYS[k + i], at + FIELDS * (i - 1), now, 'store', costs[i],
+          runs[i](KEYS[k + i], f + FIELDS * (i - 1), now, 'store', costs[i],
             states[s], states[s + 1], states[s + 2])
         end
       end
     end
-    at, k, r = at + FIELDS * checks + bans, k + checks + bans, r + 4 * checks
+    if not same then at = at + FIELDS * checks + bans end
+    k, r = k + checks + bans, r + 4 * checks
   end
 until not batch or at >= last
 if at ~= last or k ~= #KEYS then

@@ -158,8 +158,9 @@ pub(crate) type Request<'c> = (&'c [Check], Option<u64>);
 /// One call deciding several requests in order, each all or nothing exactly as its own
 /// `invocation(Mode::Decide, ..)` would: ARGV is "batch", then "" when the script should
 /// read TIME (once, for all) or "each" when every request brings its `now` (all or none
-/// do), then per request its decide mode, its now with "each", its fields and its bans;
-/// KEYS are each request's keys then its ban keys, request after request.
+/// do), then per request its decide mode, its now with "each", its fields and its bans, or
+/// "=" and its now when they are those of the request before it; KEYS are each request's
+/// keys then its ban keys, request after request.
 pub(crate) fn batch_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'static> {
     let set = requests
         .iter()
@@ -168,15 +169,39 @@ pub(crate) fn batch_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'st
     let mut call = script(set).prepare_invoke();
     let each = requests.iter().any(|(_, now)| now.is_some());
     call.arg("batch").arg(if each { "each" } else { "" });
-    for (checks, now) in requests {
-        let checks: Vec<&Check> = checks.iter().collect();
-        call.arg(flags("decide", &checks));
-        if each {
-            call.arg(now.unwrap_or_default());
+    let mut before: &[Check] = &[];
+    for &(checks, now) in requests {
+        if same_fields(checks, before) {
+            call.arg("=");
+            if each {
+                call.arg(now.unwrap_or_default());
+            }
+            for check in checks {
+                call.key(&check.key);
+            }
+            for check in checks.iter().filter(|c| bans(c)) {
+                call.key(ban_key(&check.key));
+            }
+        } else {
+            let checks: Vec<&Check> = checks.iter().collect();
+            call.arg(flags("decide", &checks));
+            if each {
+                call.arg(now.unwrap_or_default());
+            }
+            push_checks(&mut call, &checks, true);
         }
-        push_checks(&mut call, &checks, true);
+        before = checks;
     }
     call
+}
+
+/// Whether checks `a` send the same mode, fields and bans as checks `b` (their keys aside).
+fn same_fields(a: &[Check], b: &[Check]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(a, b)| {
+            (a.rule, a.cost, a.enforce, a.lease, a.ban_ms)
+                == (b.rule, b.cost, b.enforce, b.lease, b.ban_ms)
+        })
 }
 
 /// `mode` then each check's flag: "2" enforced and banning, "1" enforced, "0" a shadow.
@@ -466,6 +491,25 @@ mod tests {
         );
         assert!(
             text.contains("args: 25") && text.contains("keys: 4"),
+            "{text}"
+        );
+        // A request with the fields of the one before sends "=" (and its now) and its keys.
+        let other = [
+            Check {
+                key: "s:{i}:q:gcra".into(),
+                ..two[0].clone()
+            },
+            Check {
+                key: "s:{i}:r:gcra".into(),
+                ..two[1].clone()
+            },
+        ];
+        let text = format!(
+            "{:?}",
+            batch_invocation(&[(&one, Some(5)), (&two, Some(6)), (&other, Some(7))])
+        );
+        assert!(
+            text.contains("args: 27") && text.contains("keys: 7"),
             "{text}"
         );
         // The script holds every algorithm of the batch.
