@@ -108,13 +108,8 @@ impl MemoryBackend {
                     let state = std::mem::replace(state, State::Leases(Vec::new()));
                     let expires = algorithm::expires_at(&check.rule, &state);
                     let per_shard = self.per_shard;
-                    let evicted = Self::guard(&mut guards, &check.key).insert(
-                        check.key.clone(),
-                        state,
-                        expires,
-                        now,
-                        per_shard,
-                    );
+                    let evicted = Self::guard(&mut guards, &check.key)
+                        .insert(&check.key, state, expires, now, per_shard);
                     if evicted {
                         self.evictions.inc();
                     }
@@ -237,21 +232,19 @@ impl Shard {
     }
 
     /// Stores `key`; true when a live key had to be dropped to make room.
-    fn insert(
-        &mut self,
-        key: String,
-        state: State,
-        expires: u64,
-        now: u64,
-        capacity: usize,
-    ) -> bool {
+    fn insert(&mut self, key: &str, state: State, expires: u64, now: u64, capacity: usize) -> bool {
         self.inserts += 1;
         if self.inserts.is_multiple_of(SWEEP_EVERY) {
             self.map.retain(|_, e| e.expires > now);
             self.bans.retain(|_, until| *until > now);
         }
-        let evicted = self.map.len() >= capacity && !self.map.contains_key(&key) && self.evict(now);
-        self.map.insert(key, Entry { state, expires });
+        // A key already held is updated in place: no new String, no second hash.
+        if let Some(entry) = self.map.get_mut(key) {
+            *entry = Entry { state, expires };
+            return false;
+        }
+        let evicted = self.map.len() >= capacity && self.evict(now);
+        self.map.insert(key.to_owned(), Entry { state, expires });
         evicted
     }
 

@@ -4,7 +4,6 @@ pub mod connection;
 pub mod response;
 pub mod upstream;
 
-use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -237,7 +236,7 @@ impl ProxyHttp for Proxy {
         };
         let outcome = gateway
             .limiter
-            .decide(&route.name, &config.policies, &route.policies, &facts)
+            .decide(route_id, &config.policies, &route.policies, &facts)
             .await;
         ctx.rate_headers = response::rate_limit_headers(
             config.server.headers,
@@ -431,7 +430,7 @@ impl ProxyHttp for Proxy {
                 forwarded.extend_from_slice(existing.as_bytes());
                 forwarded.extend_from_slice(b", ");
             }
-            let _ = write!(forwarded, "{}", peer.ip());
+            key::push_ip(&mut forwarded, peer.ip());
             upstream.insert_header("X-Forwarded-For", forwarded)?;
         }
         Ok(())

@@ -83,6 +83,11 @@ pub fn body_too_large() -> String {
     )
 }
 
+/// Appends `n` in decimal, without the `fmt` machinery.
+fn push_number(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
+}
+
 fn secs_up(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
@@ -114,27 +119,32 @@ pub fn rate_limit_headers(
     match style {
         HeaderStyle::Off => Vec::new(),
         HeaderStyle::Ietf => {
-            let mut policy = String::new();
-            let mut state = String::new();
+            // Written piece by piece rather than with `write!`: this runs on every request,
+            // and the formatting machinery was most of its cost (callgrind).
+            let mut policy = String::with_capacity(48 * shown.len());
+            let mut state = String::with_capacity(40 * shown.len());
             for (i, (p, v, limit, period_ms)) in shown.iter().enumerate() {
-                let sep = if i > 0 { ", " } else { "" };
+                if i > 0 {
+                    policy.push_str(", ");
+                    state.push_str(", ");
+                }
+                for s in [&mut policy, &mut state] {
+                    s.push('"');
+                    s.push_str(&p.name);
+                    s.push_str("\";");
+                }
+                policy.push_str("q=");
+                push_number(&mut policy, *limit);
+                state.push_str("r=");
+                push_number(&mut state, v.remaining);
                 if p.algorithm == Algorithm::Concurrency {
-                    let _ = write!(
-                        policy,
-                        "{sep}\"{}\";q={limit};qu=\"concurrent-requests\"",
-                        p.name
-                    );
-                    let _ = write!(state, "{sep}\"{}\";r={};t=0", p.name, v.remaining);
+                    policy.push_str(";qu=\"concurrent-requests\"");
+                    state.push_str(";t=0");
                 } else {
-                    let w = secs_up(*period_ms);
-                    let _ = write!(policy, "{sep}\"{}\";q={limit};w={w}", p.name);
-                    let _ = write!(
-                        state,
-                        "{sep}\"{}\";r={};t={}",
-                        p.name,
-                        v.remaining,
-                        secs_up(v.reset_ms)
-                    );
+                    policy.push_str(";w=");
+                    push_number(&mut policy, secs_up(*period_ms));
+                    state.push_str(";t=");
+                    push_number(&mut state, secs_up(v.reset_ms));
                 }
             }
             vec![("RateLimit-Policy", policy), ("RateLimit", state)]

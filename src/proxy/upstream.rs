@@ -121,6 +121,11 @@ impl Pool {
     /// in service if there is one, else any (when every server is down, all are tried rather
     /// than none). With `hash` the client's IP picks its place on the ketama ring.
     pub fn pick(&self, client_ip: IpAddr, tried: &[SocketAddr]) -> &Server {
+        if let [only] = self.servers.as_slice() {
+            // Every path below ends at the one server; skip the balancer's walk (about 2 %
+            // of a proxied request's instructions, callgrind).
+            return only;
+        }
         let mut octets = [0u8; 16];
         let key: &[u8] = match client_ip {
             IpAddr::V4(ip) => {
