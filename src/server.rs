@@ -79,6 +79,9 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
     // bench/results: rows 4w2 and 6w2).
     let per_ip = Arc::default();
     let workers = config.server.threads;
+    if workers > 1 {
+        ensure_free(config.server.listen.iter().chain(&config.server.tls_listen))?;
+    }
     for worker in 0..workers {
         let mut http =
             pingora::proxy::http_proxy(&server.configuration, Proxy { app: app.clone() });
@@ -131,6 +134,18 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
         shutdown_signal: Box::new(Drain { app, grace }),
     });
     drop(io);
+    Ok(())
+}
+
+/// Fails when another process already listens on one of `addrs`. The workers' sockets share
+/// their address through SO_REUSEPORT, which would as gladly share it with another sluice (or
+/// anything else of the same user that set it) and split the traffic between them in
+/// silence; a plain bind first makes that the "address in use" error one socket would give.
+fn ensure_free<'a>(addrs: impl Iterator<Item = &'a SocketAddr>) -> anyhow::Result<()> {
+    for addr in addrs {
+        std::net::TcpListener::bind(addr)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    }
     Ok(())
 }
 

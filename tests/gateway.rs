@@ -4,10 +4,11 @@ mod common;
 
 use std::io::Write;
 use std::net::TcpStream;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::http::{self, Upstream};
-use common::{free_port, Sluice};
+use common::{free_port, render, Sluice, TempDir, SLUICE};
 
 fn base(extra: &str) -> String {
     format!(
@@ -502,4 +503,59 @@ fn listening_sockets(port: u16) -> usize {
         })
         .filter(|fields| fields.len() > 3 && fields[1].ends_with(&local) && fields[3] == "0A")
         .count()
+}
+
+/// The workers' SO_REUSEPORT sockets would as gladly share their port with a second sluice
+/// and split the traffic in silence: a second instance on a port already served fails to
+/// start, saying so, and the first keeps every connection.
+#[test]
+fn a_second_instance_on_a_served_port_fails_to_start() {
+    let template = base(
+        r#"
+[[routes]]
+name = "all"
+path_prefix = "/"
+respond = { status = 200, body = "first\n" }
+"#,
+    );
+    let first = Sluice::start(&template);
+    let dir = TempDir::new();
+    let config = dir.0.join("second.toml");
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    std::fs::write(&config, render(&template, first.addr, admin)).expect("write config");
+    let mut second = Command::new(SLUICE)
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the second sluice");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = second.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!(
+                "a second sluice started on {}, which the first serves",
+                first.addr
+            );
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = second.stderr.take() {
+        std::io::Read::read_to_string(&mut pipe, &mut stderr).expect("read stderr");
+    }
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on {}", first.addr)),
+        "{stderr}"
+    );
+    for _ in 0..16 {
+        assert_eq!(http::get(first.addr, "/", &[]).body, "first\n");
+    }
 }

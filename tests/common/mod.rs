@@ -13,12 +13,22 @@ use std::time::{Duration, Instant};
 
 pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, and never handed out before in this test binary:
+/// its tests run in parallel, and the OS may offer a port again once its probe is closed,
+/// before the test that got it first has bound it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A scratch directory removed on drop.
