@@ -62,6 +62,12 @@ pub trait Backend: Send + Sync {
     /// concurrency: frees the slot held by `lease` under `key`.
     async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError>;
 
+    /// `decide` at once when that needs no I/O (an in-process store): no boxed future and
+    /// no timer on the request's path. None: use `decide`.
+    fn decide_in_place(&self, _checks: &[Check], _now_ms: u64) -> Option<Vec<Verdict>> {
+        None
+    }
+
     /// concurrency: frees the slot at once when that needs no I/O (an in-process store),
     /// so a client that retries right after its response finds the slot free. False: use
     /// `release`.

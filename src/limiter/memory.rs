@@ -290,6 +290,10 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
+    fn decide_in_place(&self, checks: &[Check], now_ms: u64) -> Option<Vec<Verdict>> {
+        Some(self.decide_now(checks, now_ms))
+    }
+
     fn release_in_place(&self, key: &str, lease: u64) -> bool {
         self.release_now(key, lease);
         true
