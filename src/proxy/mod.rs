@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::modules::http::HttpModules;
 use pingora::prelude::*;
 use pingora::protocols::ALPN;
 use pingora::proxy::FailToProxy;
@@ -115,6 +116,10 @@ async fn write_grpc(session: &mut Session, headers: &[(&'static str, String)]) -
 #[async_trait]
 impl ProxyHttp for Proxy {
     type CTX = Ctx;
+
+    /// None: sluice does not compress. Pingora's default registers a disabled compression
+    /// module, which still gives every request a boxed context and a call in each phase.
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     fn new_ctx(&self) -> Ctx {
         self.app.request_started();
