@@ -33,8 +33,9 @@
 -- Returns "decide"/"peek": {now, then per check: allowed (1/0, or 2: denied by a standing
 --         ban), remaining, reset_ms, delay_ms (allowed: the wait before it passes; denied:
 --         the retry-after)};
---         "batch": {now (0 with "each"), then those four integers per check of every
---         request, request after request};
+--         "batch": the same integers as one string of big-endian 64-bit integers (struct
+--         ">i8" each): now (0 with "each"), then those four per check of every request,
+--         request after request;
 --         "refund"/"release": {now}; "renew": {now, then per key 1 if the lease was
 --         live (and is renewed), else 0}. Whether a decide charged follows from the verdicts.
 --
@@ -270,4 +271,15 @@ if at ~= last or k ~= #KEYS then
     ' arguments does not add up')
 end
 flush()
+if batch then
+  -- One string rather than an array of hundreds of integers, each of which the caller's
+  -- client would parse on its own. unpack() puts its values on Lua's C stack, which is
+  -- bounded: a thousand at a time.
+  local parts = {}
+  for i = 1, #reply, 1000 do
+    local j = math.min(i + 999, #reply)
+    parts[#parts + 1] = struct.pack('>' .. string.rep('i8', j - i + 1), unpack(reply, i, j))
+  end
+  return table.concat(parts)
+end
 return reply

@@ -717,7 +717,10 @@ impl Lane {
         if check && matches!(conn, Conn::Managed(_)) {
             let _ = redis::cmd("PING").query_async::<Value>(&mut conn).await;
         }
-        let result = call.invoke_async(&mut conn).await;
+        let result = call
+            .invoke_async::<scripts::Integers>(&mut conn)
+            .await
+            .map(|integers| integers.0);
         if let LaneConn::Sentinel(s, _) = &self.conn {
             s.check(&result);
         }
