@@ -273,13 +273,17 @@ end
 flush()
 if batch then
   -- One string rather than an array of hundreds of integers, each of which the caller's
-  -- client would parse on its own. unpack() puts its values on Lua's C stack, which is
-  -- bounded: a thousand at a time.
-  local parts = {}
-  for i = 1, #reply, 1000 do
-    local j = math.min(i + 999, #reply)
-    parts[#parts + 1] = struct.pack('>' .. string.rep('i8', j - i + 1), unpack(reply, i, j))
+  -- client would parse on its own. unpack() puts its values on Lua's C stack, which holds
+  -- at most 8000: longer replies are packed in pieces (a single piece is returned as it
+  -- is, since a concat would copy it once more).
+  local n, piece = #reply, 4000
+  local function pack(i)
+    local j = math.min(i + piece - 1, n)
+    return struct.pack('>' .. string.rep('i8', j - i + 1), unpack(reply, i, j))
   end
+  if n <= piece then return pack(1) end
+  local parts = {}
+  for i = 1, n, piece do parts[#parts + 1] = pack(i) end
   return table.concat(parts)
 end
 return reply

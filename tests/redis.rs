@@ -79,6 +79,50 @@ fn concurrent_requests_share_script_calls_and_admit_exactly_the_limit() {
     }
 }
 
+/// A batch reply too long to pack in one piece (the script packs at most 4000 integers at
+/// a time): 200 requests at once on a route of 60 policies, queued behind a paused Redis on
+/// one lane, so that fewer than 12 calls decide them and one holds at least 17 requests
+/// (17 × 60 checks × 4 integers > 4000). Every request reads its own verdicts: exactly 50
+/// pass, and every policy counts them.
+#[test]
+fn a_batch_reply_of_many_pieces_gives_every_request_its_verdicts() {
+    let redis = RedisServer::start();
+    let names: Vec<String> = (0..60).map(|i| format!("p{i}")).collect();
+    let policies: String = names
+        .iter()
+        .map(|name| policy(name, "fixed_window", 50, "1h", "", ""))
+        .collect();
+    let route: Vec<String> = names.iter().map(|name| format!("\"{name}\"")).collect();
+    let s = Sluice::start(&config(
+        &redis_limiter(
+            &redis,
+            "timeout = \"3s\"\non_error = \"deny\"\ndeny_cache = 0",
+        ),
+        "threads = 1",
+        &policies,
+        &[("a", &route.join(", "))],
+    ));
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    redis.cli(&["CLIENT", "PAUSE", "500", "ALL"]);
+    let responses = burst(s.addr, 200, "/a", &[]);
+    assert_eq!(count_status(&responses, 200), 50);
+    assert_eq!(count_status(&responses, 429), 150);
+    let calls = scripts_run(&redis);
+    assert!(
+        (1..12).contains(&calls),
+        "{calls} script calls for 200 requests: {}",
+        script_calls(&redis)
+    );
+    for name in ["p0", "p59"] {
+        assert_eq!(
+            s.metric(&format!(
+                r#"sluice_decisions_total{{decision="allowed",policy="{name}",route="a"}}"#
+            )),
+            50.0
+        );
+    }
+}
+
 #[test]
 fn the_deny_cache_answers_over_limit_keys_without_redis() {
     let redis = RedisServer::start();
