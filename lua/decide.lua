@@ -154,11 +154,14 @@ end
 -- "batch", one request after another, each as a "decide" of its own would be decided. For
 -- the request at hand, ARGV[f + 1] is its first check's algorithm, KEYS[k + 1] its first
 -- key and reply[r + 1] the first of its first check's integers; ARGV[at] is the last
--- argument read. The tables are reused
--- from one request to the next: each reads only the entries it wrote.
+-- argument read. The tables are reused from one request to the next: each reads only the
+-- entries it wrote, except that an "=" request reads the runs and costs of the request
+-- before it.
 local batch = mode == 'batch'
 local last, at, f, k, r = #argv, 2, 2, 0, 1
 local reply, runs, costs, states = {now}, {}, {}, {}
+-- What a request's mode and fields say (below), kept for the "=" requests that follow it.
+local flags, peek, decides, bans, checks
 if each then reply[1] = 0 end
 repeat
   -- A batch request whose mode is "=" has the mode, fields and bans of the one before it
@@ -185,36 +188,40 @@ repeat
     if not same then at = at + FIELDS end
     k, r = k + 1, r + 4
   else
-    -- The mode's flags start at byte `flags`: "1" (byte 49) enforced; "2" (byte 50)
-    -- enforced, and bans; "0" a shadow.
-    local flags, peek = 7, false
-    local charge = string.find(mode, '^decide[012]*$') ~= nil
-    if not charge then
-      flags = 5
-      peek = not batch and string.find(mode, '^peek[012]*$') ~= nil
-      if not peek then return redis.error_reply('sluice: unknown mode ' .. mode) end
-    end
-    -- Checks that ban bring one key and one argument more each ("2" appears in no mode name).
-    local bans = 0
-    if string.find(mode, '2', flags, true) then
-      local _, n = string.gsub(mode, '2', '')
-      bans = n
-    end
-    local checks = #mode - flags + 1
-    if not batch then
-      -- A bare "peek": every key is a check's.
-      if mode == 'peek' then checks = checks + #KEYS end
-      if #KEYS ~= checks + bans or last ~= at + FIELDS * checks + bans then
-        return redis.error_reply('sluice: ' .. checks .. ' checks need ' ..
-          (at + FIELDS * checks + bans) .. ' arguments, got ' .. last)
+    if not same then
+      -- The mode's flags start at byte `flags`: "1" (byte 49) enforced; "2" (byte 50)
+      -- enforced, and bans; "0" a shadow.
+      flags, peek = 7, false
+      decides = string.find(mode, '^decide[012]*$') ~= nil
+      if not decides then
+        flags = 5
+        peek = not batch and string.find(mode, '^peek[012]*$') ~= nil
+        if not peek then return redis.error_reply('sluice: unknown mode ' .. mode) end
+      end
+      -- Checks that ban bring one key and one argument more each ("2" appears in no mode
+      -- name).
+      bans = 0
+      if string.find(mode, '2', flags, true) then
+        local _, n = string.gsub(mode, '2', '')
+        bans = n
+      end
+      checks = #mode - flags + 1
+      if not batch then
+        -- A bare "peek": every key is a check's.
+        if mode == 'peek' then checks = checks + #KEYS end
+        if #KEYS ~= checks + bans or last ~= at + FIELDS * checks + bans then
+          return redis.error_reply('sluice: ' .. checks .. ' checks need ' ..
+            (at + FIELDS * checks + bans) .. ' arguments, got ' .. last)
+        end
+      end
+      for i = 1, checks do
+        local name = argv[f + FIELDS * (i - 1) + 1]
+        runs[i] = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
+        if not runs[i] then return redis.error_reply('sluice: unknown algorithm ' .. name) end
+        costs[i] = argv[f + FIELDS * (i - 1) + 6] + 0
       end
     end
-    for i = 1, checks do
-      local name = argv[f + FIELDS * (i - 1) + 1]
-      runs[i] = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
-      if not runs[i] then return redis.error_reply('sluice: unknown algorithm ' .. name) end
-      costs[i] = argv[f + FIELDS * (i - 1) + 6] + 0
-    end
+    local charge = decides
 
     -- Evaluate all, keeping what each would store, then charge all or none.
     local banned = 0
