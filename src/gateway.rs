@@ -79,16 +79,17 @@ impl App {
     /// Re-reads the config file; a config that fails validation leaves the old one in force.
     pub async fn reload(&self) -> Result<(), String> {
         let result = self.try_reload().await;
+        // Logged before it is counted: whoever sees the counter move finds the reason.
+        match &result {
+            Ok(()) => log::info!("config reloaded from {}", self.config_path.display()),
+            Err(e) => log::error!("config reload rejected, keeping the old config:\n{e}"),
+        }
         let label = if result.is_ok() { "success" } else { "failure" };
         self.metrics
             .config_reloads
             .with_label_values(&[label])
             .inc();
         self.metrics.config_loaded(result.is_ok());
-        match &result {
-            Ok(()) => log::info!("config reloaded from {}", self.config_path.display()),
-            Err(e) => log::error!("config reload rejected, keeping the old config:\n{e}"),
-        }
         result
     }
 
