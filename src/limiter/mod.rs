@@ -16,7 +16,6 @@ pub mod runtime;
 mod scripts;
 pub mod top;
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -210,8 +209,9 @@ pub struct Limiter {
     shared: Arc<runtime::Shared>,
     /// Follows the fleet's runtime changes while this backend is in use (shared backends).
     follower: Option<Arc<Follower>>,
-    /// Heavy-hitter sketches by policy name (`[admin] top_keys` slots each; none when 0).
-    top: HashMap<String, Arc<parking_lot::Mutex<top::SpaceSaving>>>,
+    /// Heavy-hitter sketches (`[admin] top_keys` slots each; none when 0), one per policy
+    /// in the config's order, so a decision finds its sketch by index, not by name.
+    top: Vec<(String, Arc<parking_lot::Mutex<top::SpaceSaving>>)>,
     /// The decision counters of each route (by index) and each of its policies (in the
     /// route's order), resolved once per config: no label lookup per request.
     counters: Vec<Vec<PolicyCounters>>,
@@ -318,13 +318,13 @@ impl Limiter {
         };
         let slots = cfg.admin.top_keys;
         let top = if slots == 0 {
-            HashMap::new()
+            Vec::new()
         } else {
             cfg.policies
                 .iter()
                 .map(|policy| {
                     let kept = previous
-                        .and_then(|p| p.top.get(&policy.name))
+                        .and_then(|p| p.sketch(&policy.name))
                         .filter(|s| s.lock().capacity() == slots)
                         .cloned();
                     let sketch = kept.unwrap_or_else(|| {
@@ -414,8 +414,8 @@ impl Limiter {
         key
     }
 
-    /// Decides one request against `policy_ids` (indexes into `policies`) of route `route`
-    /// (an index into the config's routes).
+    /// Decides one request against `policy_ids` (indexes into `policies`, the policies of
+    /// the config this limiter was built for) of route `route` (an index into its routes).
     pub async fn decide(
         &self,
         route: usize,
@@ -544,7 +544,7 @@ impl Limiter {
             // Already denied: ask nothing more, charge nothing.
             self.finish_denied(policies, &mut outcome, &violated);
             self.count(route, policies, policy_ids, &outcome);
-            self.feed_top(policies, &outcome, seen);
+            self.feed_top(&outcome, seen);
             return outcome;
         }
         if !checks.is_empty() {
@@ -552,13 +552,13 @@ impl Limiter {
             self.apply(&mut outcome, policies, &checks, &checked, verdicts, now);
         }
         self.count(route, policies, policy_ids, &outcome);
-        self.feed_top(policies, &outcome, seen);
+        self.feed_top(&outcome, seen);
         outcome
     }
 
     /// Counts each decided key in its policy's sketch: its hash always, its values only
     /// when it takes a slot.
-    fn feed_top(&self, policies: &[Policy], outcome: &Outcome, seen: Vec<(usize, Vec<u8>)>) {
+    fn feed_top(&self, outcome: &Outcome, seen: Vec<(usize, Vec<u8>)>) {
         for (id, value) in seen {
             let Some(p) = outcome.policies.iter().find(|p| p.policy == id) else {
                 continue;
@@ -571,7 +571,7 @@ impl Limiter {
                 Decision::Allowed | Decision::Delayed | Decision::ErrorAllowed => false,
                 Decision::Skipped | Decision::Exempt => continue,
             };
-            let Some(sketch) = self.top.get(&policies[id].name) else {
+            let Some((_, sketch)) = self.top.get(id) else {
                 continue;
             };
             let hash = KEY_HASHER.hash_one(&value);
@@ -965,7 +965,14 @@ impl Limiter {
 
     /// `policy`'s `n` heaviest keys on this instance; None when `top_keys` is 0.
     pub fn top(&self, policy: &Policy, n: usize) -> Option<Vec<top::Entry>> {
-        self.top.get(&policy.name).map(|s| s.lock().top(n))
+        self.sketch(&policy.name).map(|s| s.lock().top(n))
+    }
+
+    fn sketch(&self, policy: &str) -> Option<&Arc<parking_lot::Mutex<top::SpaceSaving>>> {
+        self.top
+            .iter()
+            .find(|(name, _)| name == policy)
+            .map(|(_, s)| s)
     }
 
     /// Keys the memory backend (the store, or the `local` fallback) holds now.
@@ -1052,6 +1059,55 @@ policies = ["bucket", "window"]
         ] {
             assert_eq!(crate::metrics::DECISIONS[d as usize], d.label());
         }
+    }
+
+    /// The sketches are found by position on the hot path; a reload that moves a policy
+    /// keeps its sketch all the same (they are carried over by name).
+    #[tokio::test]
+    async fn a_policys_top_keys_survive_a_reload_that_moves_it() {
+        let config = |policies: &str, route: &str| {
+            let text = format!(
+                "[server]\nlisten = [\"127.0.0.1:8080\"]\n[admin]\nlisten = \"127.0.0.1:9091\"\n\
+                 top_keys = 10\n{policies}\n[[routes]]\nname = \"r\"\npath = \"/\"\n\
+                 respond = {{ status = 200 }}\npolicies = [{route}]\n"
+            );
+            config::parse("test.toml", &text).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let per_ip = "[policies.per_ip]\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nkey = [\"client_ip\"]\n";
+        let global = "[policies.global]\nalgorithm = \"fixed_window\"\nlimit = 10\nperiod = \"1s\"\nkey = []\n";
+        let metrics = Arc::new(Metrics::new());
+        let clock: Arc<dyn Clock> = Arc::new(clock::SystemClock);
+        let first = config(per_ip, "\"per_ip\"");
+        let limiter = Limiter::new(&first, None, &[], clock.clone(), metrics.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let headers = http::HeaderMap::new();
+        let facts = RequestFacts {
+            client_ip: "192.0.2.7".parse().unwrap_or_else(|e| panic!("{e}")),
+            method: "GET",
+            host: "example.com",
+            path: "/",
+            query: None,
+            headers: &headers,
+            route: "r",
+            client_cert: None,
+        };
+        for _ in 0..3 {
+            limiter.decide(0, &first.policies, &[0], &facts).await;
+        }
+        // `global` now comes first, so `per_ip` moves from position 0 to 1.
+        let second = config(&format!("{global}{per_ip}"), "\"global\", \"per_ip\"");
+        assert_eq!(second.policies[1].name, "per_ip");
+        let reloaded = Limiter::new(&second, Some(&limiter), &first.policies, clock, metrics)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        reloaded.decide(0, &second.policies, &[0, 1], &facts).await;
+        let top = reloaded.top(&second.policies[1], 5).unwrap_or_default();
+        assert_eq!(top.len(), 1, "{top:?}");
+        assert_eq!((top[0].key.as_str(), top[0].requests), ("192.0.2.7", 4));
+        let global_top = reloaded.top(&second.policies[0], 5).unwrap_or_default();
+        assert_eq!(global_top.len(), 1, "{global_top:?}");
+        assert_eq!(global_top[0].requests, 1);
     }
 
     #[test]
