@@ -21,7 +21,9 @@ WORKDIR /src
 COPY . .
 
 # The cache mounts keep the crate registry and the target dir between builds
-# (BuildKit); the binary is copied out of the cached target dir.
+# (BuildKit); the binary is copied out of the cached target dir. It is the plain dist
+# build: the profile-guided one (`make dist-pgo`, what `make install` ships) trains on a
+# benchmark with nginx, wrk and Redis, which this stage does not have.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --profile dist --locked \

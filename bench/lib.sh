@@ -29,6 +29,7 @@ ensure_tools() {
             redis-cli) pkgs+=(redis-tools) ;;
             timeout) pkgs+=(coreutils) ;;
             setsid) pkgs+=(util-linux) ;;
+            llvm-profdata-19) pkgs+=(llvm-19) ;;
             *) pkgs+=("$c") ;;
         esac
     done

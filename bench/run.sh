@@ -67,14 +67,19 @@ DUR_S=$(python3 "$LIB" seconds "$DURATION")
 ALG_DUR_S=$(python3 "$LIB" seconds "$ALG_DURATION")
 if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 
-ensure_tools wrk nginx haproxy redis-server redis-cli timeout setsid
-
 needs_sluice=0
 for c in $CONTENDERS; do case $c in 4|5|6|7|8a|8b|9b|4w2|6w2) needs_sluice=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_sluice=1
 needs_redis=0
 for c in $CONTENDERS; do case $c in 6|7|8a|8b|6w2) needs_redis=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_redis=1
+
+# Only what the chosen rows use (bench/pgo.sh trains without HAProxy).
+tools="wrk nginx timeout setsid"
+[[ " $CONTENDERS " == *" 3b "* ]] && tools="$tools haproxy"
+[ $needs_redis -eq 1 ] && tools="$tools redis-server redis-cli"
+# shellcheck disable=SC2086
+ensure_tools $tools
 
 SLUICE=$1
 SLUICE_VERSION="not used"
@@ -369,7 +374,7 @@ fi
     echo "- load: \`wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency http://127.0.0.1:PORT/\` (\`https://\` for 9a and 9b, TLS 1.3, one handshake per connection) per contender and round, $( [ "$WARMUP" = 0 ] && echo "no warm-up" || echo "after a $WARMUP unmeasured warm-up"); $ROUNDS round(s), order reversed on even rounds; median reported"
     echo "- workers: nginx proxy worker_processes = HAProxy nbthread = sluice threads = $WORKERS; upstream nginx: 1 worker, \`return 200 \"ok\\n\"\`"
     [ -n "${BASELINE:-}" ] && echo "- A/B: rows N* run the baseline \`$BASELINE\` ($BASELINE_VERSION) right after row N in every round (before it in reversed rounds)"
-    echo "- versions: sluice: $SLUICE_VERSION; $(nginx -v 2>&1 | head -n1); $(haproxy -v 2>&1 | head -n1 | cut -d' ' -f1-3); $(redis-server --version | cut -d' ' -f1-3); $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
+    echo "- versions: sluice: $SLUICE_VERSION; $(nginx -v 2>&1 | head -n1); $( (haproxy -v 2>/dev/null || echo 'HAProxy: not used') | head -n1 | cut -d' ' -f1-3); $( (redis-server --version 2>/dev/null || echo 'Redis: not used') | cut -d' ' -f1-3); $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
 } >"$TMP/header.md"
 
 # Rounds: A B C ... then ... C B A, and so on; a baseline twin follows each sluice contender.
