@@ -40,7 +40,7 @@ profdata=""
 for candidate in "$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin/llvm-profdata" \
     $(ls -d /usr/lib/llvm-*/bin/llvm-profdata 2>/dev/null | sort -t- -k2 -n -r); do
     [ -x "$candidate" ] || continue
-    version=$("$candidate" merge --version 2>/dev/null | sed -n 's/.*LLVM version \([0-9]*\).*/\1/p' | head -1)
+    version=$("$candidate" merge --version 2>/dev/null | sed -n 's/.*LLVM version \([0-9]*\).*/\1/p' | head -1 || true)
     if [ -n "$version" ] && [ "$version" -ge 19 ]; then profdata=$candidate; break; fi
 done
 if [ -z "$profdata" ]; then
