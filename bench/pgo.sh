@@ -73,6 +73,7 @@ log "3/4 merging"
 # Named by content: a new profile changes RUSTFLAGS, so cargo rebuilds every crate with it.
 sum=$(sha256sum "$work/merged.profdata" | cut -c1-16)
 mkdir -p target/pgo
+rm -f target/pgo/sluice-*.profdata
 profile=$ROOT/target/pgo/sluice-$sum.profdata
 cp "$work/merged.profdata" "$profile"
 
