@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::auth::Authenticator;
 use crate::config::{self, Config};
 use crate::limiter::clock::Clock;
 use crate::limiter::Limiter;
@@ -18,6 +19,8 @@ pub struct Gateway {
     /// Aligned with `config.upstreams`.
     pub pools: Vec<Arc<Pool>>,
     pub limiter: Limiter,
+    /// Who is asking: API keys and JWT issuers of this config, runtime consumers.
+    pub auth: Authenticator,
     /// The TLS listeners' certificates: one resolver for the process, handed on to each
     /// new gateway and updated with its certificates.
     pub tls: Arc<Certificates>,
@@ -46,6 +49,12 @@ impl Gateway {
         )
         .await
         .map_err(|e| format!("limiter backend: {e}"))?;
+        let auth = Authenticator::new(
+            &config,
+            previous.map(|p| &p.auth),
+            limiter.runtime_consumers(),
+            &metrics,
+        );
         // After everything that can fail: the old pools stop checking and writing gauges.
         upstream::hand_over(previous.map_or(&[][..], |p| &p.pools[..]), &pools, &metrics);
         spawn_health_checks(&pools);
@@ -60,6 +69,7 @@ impl Gateway {
             config,
             pools,
             limiter,
+            auth,
             tls,
         })
     }

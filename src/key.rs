@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use http::HeaderMap;
 use ipnet::IpNet;
 
+use crate::auth::Identity;
 use crate::config::KeyPart;
 
 /// What key parts can be read from; borrowed from the request for the decision only.
@@ -19,6 +20,8 @@ pub struct RequestFacts<'a> {
     pub route: &'a str,
     /// Lower-case hex SHA-256 of the client's leaf certificate; `None` without mutual TLS.
     pub client_cert: Option<&'a str>,
+    /// Who is asking, verified (anonymous unless a credential checked out).
+    pub identity: &'a Identity,
 }
 
 /// The client address: the TCP peer, unless the peer is a trusted proxy; then the
@@ -91,6 +94,9 @@ pub fn part_name(part: &KeyPart) -> String {
         KeyPart::Host => "host".into(),
         KeyPart::Route => "route".into(),
         KeyPart::ClientCert => "client_cert".into(),
+        KeyPart::Consumer => "consumer".into(),
+        KeyPart::Plan => "plan".into(),
+        KeyPart::Claim(n) => format!("claim:{n}"),
     }
 }
 
@@ -134,8 +140,32 @@ pub fn key_value(parts: &[KeyPart], req: &RequestFacts) -> Option<Vec<u8>> {
         if i > 0 {
             out.push(0);
         }
+        push_part(&mut out, part, req)?;
+    }
+    Some(out)
+}
+
+/// `key_value`, with every absent part replaced by the client IP (`on_missing =
+/// "client_ip"`): anonymous clients counted per address. Consumer names are never IP
+/// addresses, so the two cannot share a bucket.
+pub fn key_value_or_ip(parts: &[KeyPart], req: &RequestFacts) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(0);
+        }
+        let mark = out.len();
+        if push_part(&mut out, part, req).is_none() {
+            out.truncate(mark);
+            push_ip(&mut out, req.client_ip);
+        }
+    }
+    out
+}
+
+fn push_part(out: &mut Vec<u8>, part: &KeyPart, req: &RequestFacts) -> Option<()> {
         match part {
-            KeyPart::ClientIp => push_ip(&mut out, req.client_ip),
+            KeyPart::ClientIp => push_ip(out, req.client_ip),
             KeyPart::ClientNet(bits) => {
                 let net = match req.client_ip {
                     IpAddr::V4(v4) => IpNet::new(IpAddr::V4(v4), (*bits).min(32)),
@@ -164,9 +194,11 @@ pub fn key_value(parts: &[KeyPart], req: &RequestFacts) -> Option<Vec<u8>> {
             KeyPart::Host => out.extend_from_slice(req.host.as_bytes()),
             KeyPart::Route => out.extend_from_slice(req.route.as_bytes()),
             KeyPart::ClientCert => out.extend_from_slice(req.client_cert?.as_bytes()),
+            KeyPart::Consumer => out.extend_from_slice(req.identity.consumer.as_deref()?.as_bytes()),
+            KeyPart::Plan => out.extend_from_slice(req.identity.plan.as_deref()?.as_bytes()),
+            KeyPart::Claim(name) => out.extend_from_slice(req.identity.claim(name)?.as_bytes()),
         }
-    }
-    Some(out)
+    Some(())
 }
 
 /// The first value of query parameter `name`, undecoded (so every spelling is distinct).
@@ -295,6 +327,7 @@ mod tests {
             headers: &headers,
             route: "api",
             client_cert: None,
+            identity: &Identity::anonymous(),
         };
         let one =
             |p: KeyPart| key_value(&[p], &req).map(|v| String::from_utf8_lossy(&v).into_owned());

@@ -3,6 +3,8 @@
 //! - `cli`: the command line.
 //! - `config`: the TOML file, validated once into a typed model with located errors.
 //! - `routing`: which route a request belongs to.
+//! - `auth`: who is asking, verified: API keys by digest, JWTs against each issuer's keys
+//!   (`jwks`: files and URLs), consumers of the config and the admin API.
 //! - `key`: the client IP and the rate key of a policy for a request.
 //! - `limiter`: deciding a route's policies together; `memory` and `redis` backends only
 //!   store; `overrides` (config) and `runtime` (admin API) give a key its numbers; `top`
@@ -18,6 +20,7 @@
 //! - `server`: wiring it together and running until SIGTERM.
 
 pub mod admin;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod gateway;

@@ -5,7 +5,7 @@ use prometheus::{
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::config::{Config, Mode, Policy};
+use crate::config::{AuthMode, Config, JwtKeys, Mode, Policy};
 
 /// Every `decision` label value of `sluice_decisions_total` (`Decision::label`).
 pub const DECISIONS: [&str; 9] = [
@@ -60,7 +60,15 @@ pub struct Metrics {
     pub deny_cache_entries: IntGauge,
     pub policy_info: IntGaugeVec,
     pub upstream_health: IntGaugeVec,
+    /// `sluice_auth_total{route, result}` (DESIGN §11).
+    pub auth: IntCounterVec,
+    pub jwks_up: IntGaugeVec,
+    pub jwks_refresh_timestamp: GaugeVec,
+    pub consumers: IntGaugeVec,
 }
+
+/// The `result` labels of `sluice_auth_total`.
+pub const AUTH_RESULTS: [&str; 6] = ["ok", "anonymous", "missing", "invalid", "banned", "unavailable"];
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
     registry
@@ -223,7 +231,43 @@ impl Metrics {
         .expect("valid gauge");
         r.register(Box::new(upstream_health.clone()))
             .expect("unique metric name");
+        let gauges = |name: &str, help: &str, label: &str| {
+            register(
+                &r,
+                IntGaugeVec::new(Opts::new(name, help), &[label]).expect("valid gauge"),
+            )
+        };
+        let jwks_up = gauges(
+            "sluice_jwks_up",
+            "1 when an issuer's key set is in force (a jwks_url fetched at least once and the last fetch succeeded), else 0",
+            "issuer",
+        );
+        let consumers = gauges(
+            "sluice_consumers",
+            "Consumers known now, from the config (and its consumer_files) or the admin API (runtime)",
+            "source",
+        );
+        let jwks_refresh_timestamp = register(
+            &r,
+            GaugeVec::new(
+                Opts::new(
+                    "sluice_jwks_refresh_timestamp_seconds",
+                    "Unix time of the last successful fetch of an issuer's jwks_url",
+                ),
+                &["issuer"],
+            )
+            .expect("valid gauge"),
+        );
         Metrics {
+            auth: counter(
+                &r,
+                "sluice_auth_total",
+                "Requests on routes with auth, by outcome: ok, anonymous, missing, invalid, banned (max_failures), unavailable (no key set)",
+                &["route", "result"],
+            ),
+            jwks_up,
+            jwks_refresh_timestamp,
+            consumers,
             http_requests: counter(
                 &r,
                 "sluice_http_requests_total",
@@ -342,12 +386,39 @@ impl Metrics {
                 .with_label_values(&[&policy.name])
                 .inc_by(0);
         }
+        for route in config.routes.iter().filter(|r| r.auth != AuthMode::Off) {
+            for result in AUTH_RESULTS {
+                self.auth.with_label_values(&[&route.name, result]).inc_by(0);
+            }
+        }
+        for issuer in &config.auth.jwt {
+            if !matches!(issuer.keys, JwtKeys::Url(_)) {
+                self.jwks_up.with_label_values(&[&issuer.issuer]).set(1);
+            }
+        }
+        self.consumers
+            .with_label_values(&["config"])
+            .set(config.consumers.len() as i64);
         for kind in BACKEND_ERROR_KINDS {
             self.backend_errors
                 .with_label_values(&[backend, kind])
                 .inc_by(0);
         }
         let Some(previous) = previous else { return };
+        for route in &previous.routes {
+            let kept = config.routes.iter().any(|r| r.name == route.name && r.auth != AuthMode::Off);
+            if route.auth != AuthMode::Off && !kept {
+                for result in AUTH_RESULTS {
+                    let _ = self.auth.remove_label_values(&[&route.name, result]);
+                }
+            }
+        }
+        for issuer in &previous.auth.jwt {
+            if !config.auth.jwt.iter().any(|i| i.issuer == issuer.issuer) {
+                let _ = self.jwks_up.remove_label_values(&[&issuer.issuer]);
+                let _ = self.jwks_refresh_timestamp.remove_label_values(&[&issuer.issuer]);
+            }
+        }
         for (route, policy) in pairs(previous) {
             if now.contains(&(route.clone(), policy.clone())) {
                 continue;

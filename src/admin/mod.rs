@@ -241,7 +241,10 @@ impl ServeHttp for Admin {
             "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),
             "/readyz" => {
                 let gateway = self.app.current.load_full();
-                if gateway.limiter.ready().await {
+                if !gateway.auth.ready() {
+                    let body = "a jwks_url has not been fetched yet\n";
+                    reply(503, "text/plain", body.as_bytes().to_vec())
+                } else if gateway.limiter.ready().await {
                     reply(200, "text/plain", b"ready\n".to_vec())
                 } else {
                     let body = format!(

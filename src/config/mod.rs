@@ -3,6 +3,7 @@
 //! `load` parses a file, checks all of it, and returns either a `Config` or every
 //! problem found, each located at FILE:LINE:COL.
 
+mod auth;
 mod certs;
 mod tree;
 mod validate;
@@ -31,6 +32,10 @@ pub struct Config {
     pub tls: Tls,
     /// Read and checked from their files; the first is the default (DESIGN §8).
     pub certificates: Vec<Certificate>,
+    /// `[auth]` and `[[auth.jwt]]` (DESIGN §11).
+    pub auth: Auth,
+    /// `[[consumers]]` of the config and its `consumer_files`, in file order.
+    pub consumers: Vec<Consumer>,
     /// Problems that do not stop sluice (a certificate about to expire), located like errors.
     pub warnings: Vec<ConfigError>,
 }
@@ -258,6 +263,12 @@ pub enum KeyPart {
     Route,
     /// Lower-case hex SHA-256 of the client's leaf certificate (DER), with mutual TLS only.
     ClientCert,
+    /// The verified consumer's name (DESIGN §11); absent for anonymous requests.
+    Consumer,
+    /// The verified consumer's plan; `anonymous` without a consumer.
+    Plan,
+    /// A string or integer claim of the verified token.
+    Claim(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,6 +282,8 @@ pub enum OnMissing {
     Skip,
     Deny,
     Shared,
+    /// The absent parts are replaced by the client IP (anonymous clients per address).
+    ClientIp,
 }
 
 #[derive(Debug, Clone)]
@@ -366,6 +379,96 @@ pub struct Route {
     pub policies: Vec<usize>,
     /// Overrides `[server] max_request_body` for this route (0 = unlimited).
     pub max_request_body: Option<u64>,
+    pub auth: AuthMode,
+}
+
+/// A route's `auth` (DESIGN §11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Credentials are not checked; every request is anonymous.
+    Off,
+    /// No credential: anonymous; an invalid one: 401.
+    Optional,
+    /// No credential or an invalid one: 401.
+    Required,
+}
+
+/// `[auth]`: where credentials come from and what the upstream is told.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    /// `header:NAME` / `query:NAME` sources of an API key, tried in order.
+    pub api_key: Vec<KeyPart>,
+    /// Lower-case header names.
+    pub consumer_header: String,
+    pub plan_header: String,
+    pub strip_headers: Vec<String>,
+    pub hide_credentials: bool,
+    pub max_failures: Option<MaxFailures>,
+    pub jwt: Vec<JwtIssuer>,
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Auth {
+            api_key: vec![KeyPart::Header("x-api-key".into())],
+            consumer_header: "x-consumer".into(),
+            plan_header: "x-consumer-plan".into(),
+            strip_headers: Vec::new(),
+            hide_credentials: false,
+            max_failures: None,
+            jwt: Vec::new(),
+        }
+    }
+}
+
+/// `max_failures`: an address that presents `limit` invalid credentials within `period`
+/// is refused for `ban`. Counted by the policy `AUTH_FAILURES`, appended to the policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxFailures {
+    pub limit: NonZeroU64,
+    pub period: Duration,
+    pub ban: Duration,
+}
+
+/// The policy that counts invalid credentials per address (`max_failures`): visible in the
+/// admin API, so an operator can read and reset an address's ban.
+pub const AUTH_FAILURES: &str = "auth_failures";
+
+/// The plan of a request without a verified consumer; no consumer may have it.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// One `[[consumers]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumer {
+    pub name: String,
+    pub plan: Option<String>,
+    /// SHA-256 digests of its API keys.
+    pub keys: Vec<[u8; 32]>,
+}
+
+/// One `[[auth.jwt]]` issuer.
+#[derive(Debug, Clone)]
+pub struct JwtIssuer {
+    pub issuer: String,
+    pub audiences: Vec<String>,
+    pub algorithms: Vec<jsonwebtoken::Algorithm>,
+    pub keys: JwtKeys,
+    pub jwks_refresh: Duration,
+    pub unknown_kid_refetch: Duration,
+    pub leeway: Duration,
+    pub consumer_claim: String,
+    pub plan_claim: Option<String>,
+}
+
+/// Where an issuer's verification keys come from.
+#[derive(Debug, Clone)]
+pub enum JwtKeys {
+    /// `jwks_file`, read and checked at load (and on every reload).
+    Jwks(crate::auth::jwks::KeySet),
+    /// `jwks_url`, fetched by the running process.
+    Url(String),
+    /// `secret_file`'s bytes (HMAC).
+    Secret(Vec<u8>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -464,9 +567,33 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         .parent()
         .map(PathBuf::from)
         .unwrap_or_default();
-    let (mut config, warnings) = validate::config(&root, &dir).map_err(located)?;
+    let (mut config, warnings) =
+        validate::config(&root, &dir).map_err(|(problems, elsewhere)| {
+            let mut errors = located(problems);
+            errors.0.extend(elsewhere);
+            errors
+        })?;
     config.warnings = located(warnings).0;
     Ok(config)
+}
+
+/// Locates byte-offset problems of another file the config names.
+fn located_in(file: &str, text: &str, problems: Vec<(usize, String)>) -> Vec<ConfigError> {
+    let mut errors: Vec<ConfigError> = problems
+        .into_iter()
+        .map(|(at, message)| {
+            let (line, col) = line_col(text, at);
+            ConfigError {
+                file: file.to_owned(),
+                line,
+                col,
+                message,
+            }
+        })
+        .collect();
+    errors.sort_by_key(|e| (e.line, e.col));
+    errors.dedup();
+    errors
 }
 
 /// 1-based line and column (in characters) of a byte offset.

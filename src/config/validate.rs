@@ -18,18 +18,23 @@ use super::*;
 /// Largest value exact integer arithmetic may reach in Redis's Lua (doubles): 2^53.
 const EXACT_LIMIT: u128 = 1 << 53;
 
-type Entries = [(Spanned<String>, Spanned<Node>)];
+pub(super) type Entries = [(Spanned<String>, Spanned<Node>)];
 
-/// Problems found so far, as (byte offset, message); warnings apart.
+/// Problems found so far, as (byte offset, message); warnings apart; and problems of other
+/// files the config names (`consumer_files`), already located.
 #[derive(Default)]
-struct Problems(RefCell<Vec<(usize, String)>>, RefCell<Vec<(usize, String)>>);
+pub(super) struct Problems(
+    pub(super) RefCell<Vec<(usize, String)>>,
+    RefCell<Vec<(usize, String)>>,
+    pub(super) RefCell<Vec<ConfigError>>,
+);
 
 impl Problems {
-    fn at(&self, span: &Range<usize>, message: impl Into<String>) {
+    pub(super) fn at(&self, span: &Range<usize>, message: impl Into<String>) {
         self.0.borrow_mut().push((span.start, message.into()));
     }
 
-    fn warn(&self, span: &Range<usize>, message: impl Into<String>) {
+    pub(super) fn warn(&self, span: &Range<usize>, message: impl Into<String>) {
         self.1
             .borrow_mut()
             .push((span.start, format!("warning: {}", message.into())));
@@ -37,16 +42,16 @@ impl Problems {
 }
 
 /// Reads the keys of one table, remembering which were used so the rest can be reported.
-struct Table<'a> {
+pub(super) struct Table<'a> {
     p: &'a Problems,
     name: String,
-    span: Range<usize>,
-    entries: &'a Entries,
+    pub(super) span: Range<usize>,
+    pub(super) entries: &'a Entries,
     used: RefCell<Vec<bool>>,
 }
 
 impl<'a> Table<'a> {
-    fn new(p: &'a Problems, name: &str, node: &'a Spanned<Node>) -> Option<Table<'a>> {
+    pub(super) fn new(p: &'a Problems, name: &str, node: &'a Spanned<Node>) -> Option<Table<'a>> {
         match &node.value {
             Node::Table(entries) => Some(Table {
                 p,
@@ -65,20 +70,20 @@ impl<'a> Table<'a> {
         }
     }
 
-    fn get(&self, key: &str) -> Option<&'a Spanned<Node>> {
+    pub(super) fn get(&self, key: &str) -> Option<&'a Spanned<Node>> {
         let i = self.entries.iter().position(|(k, _)| k.value == key)?;
         self.used.borrow_mut()[i] = true;
         Some(&self.entries[i].1)
     }
 
-    fn key_span(&self, key: &str) -> Range<usize> {
+    pub(super) fn key_span(&self, key: &str) -> Range<usize> {
         self.entries
             .iter()
             .find(|(k, _)| k.value == key)
             .map_or(self.span.clone(), |(k, _)| k.span.clone())
     }
 
-    fn required(&self, key: &str) -> Option<&'a Spanned<Node>> {
+    pub(super) fn required(&self, key: &str) -> Option<&'a Spanned<Node>> {
         let found = self.get(key);
         if found.is_none() {
             self.p.at(
@@ -90,7 +95,7 @@ impl<'a> Table<'a> {
     }
 
     /// Reports keys nobody asked for.
-    fn finish(self) {
+    pub(super) fn finish(self) {
         let used = self.used.borrow();
         for ((key, _), used) in self.entries.iter().zip(used.iter()) {
             if !used {
@@ -109,7 +114,7 @@ impl<'a> Table<'a> {
         );
     }
 
-    fn string(&self, key: &str) -> Option<Spanned<String>> {
+    pub(super) fn string(&self, key: &str) -> Option<Spanned<String>> {
         let node = self.get(key)?;
         match &node.value {
             Node::Str(s) => Some(Spanned {
@@ -123,7 +128,7 @@ impl<'a> Table<'a> {
         }
     }
 
-    fn bool(&self, key: &str) -> Option<bool> {
+    pub(super) fn bool(&self, key: &str) -> Option<bool> {
         let node = self.get(key)?;
         match node.value {
             Node::Bool(b) => Some(b),
@@ -135,7 +140,7 @@ impl<'a> Table<'a> {
     }
 
     /// An integer within `range`.
-    fn int(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> Option<Spanned<i64>> {
+    pub(super) fn int(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> Option<Spanned<i64>> {
         let node = self.get(key)?;
         match node.value {
             Node::Int(i) if range.contains(&i) => Some(Spanned {
@@ -159,7 +164,7 @@ impl<'a> Table<'a> {
         }
     }
 
-    fn strings(&self, key: &str) -> Option<Vec<Spanned<String>>> {
+    pub(super) fn strings(&self, key: &str) -> Option<Vec<Spanned<String>>> {
         let node = self.get(key)?;
         let Node::Array(items) = &node.value else {
             self.wrong_type(key, node, "an array of strings");
@@ -181,7 +186,7 @@ impl<'a> Table<'a> {
         Some(out)
     }
 
-    fn duration(&self, key: &str) -> Option<Spanned<Duration>> {
+    pub(super) fn duration(&self, key: &str) -> Option<Spanned<Duration>> {
         let s = self.string(key)?;
         match parse_duration(&s.value) {
             Some(d) => Some(Spanned {
@@ -202,7 +207,7 @@ impl<'a> Table<'a> {
     }
 
     /// A string that must be one of `choices`.
-    fn choice<T: Copy>(&self, key: &str, choices: &[(&str, T)]) -> Option<T> {
+    pub(super) fn choice<T: Copy>(&self, key: &str, choices: &[(&str, T)]) -> Option<T> {
         let s = self.string(key)?;
         let found = choices.iter().find(|(name, _)| *name == s.value);
         if found.is_none() {
@@ -220,7 +225,7 @@ impl<'a> Table<'a> {
     }
 
     /// A duration that must be at least 1ms.
-    fn positive_duration(&self, key: &str, default: Duration) -> Duration {
+    pub(super) fn positive_duration(&self, key: &str, default: Duration) -> Duration {
         match self.duration(key) {
             Some(d) if d.value.is_zero() => {
                 self.p.at(&d.span, format!("`{key}` must be at least 1ms"));
@@ -305,13 +310,16 @@ fn parse_cidr(s: &str) -> Option<IpNet> {
 pub(super) fn config(
     root: &Spanned<Node>,
     dir: &Path,
-) -> Result<(Config, Vec<(usize, String)>), Vec<(usize, String)>> {
+) -> Result<(Config, Vec<(usize, String)>), (Vec<(usize, String)>, Vec<ConfigError>)> {
     let p = Problems::default();
     let config = build(&p, root, dir);
     let problems = p.0.into_inner();
+    let elsewhere = p.2.into_inner();
     match config {
-        Some(config) if problems.is_empty() => Ok((config, p.1.into_inner())),
-        _ => Err(problems),
+        Some(config) if problems.is_empty() && elsewhere.is_empty() => {
+            Ok((config, p.1.into_inner()))
+        }
+        _ => Err((problems, elsewhere)),
     }
 }
 
@@ -331,7 +339,28 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
         None => Some(Limiter::default()),
     };
     let upstreams = named_tables(p, &top, "upstreams", upstream);
-    let policies = named_tables(p, &top, "policies", policy);
+    let mut policies = named_tables(p, &top, "policies", policy);
+    let auth = match top.get("auth") {
+        Some(n) => super::auth::auth(p, n, dir),
+        None => Some(Auth::default()),
+    };
+    let mut seen = super::auth::Seen::default();
+    let mut consumers = match top.get("consumers") {
+        Some(n) => super::auth::consumers(p, n, &mut seen),
+        None => Vec::new(),
+    };
+    if let Some(files) = top_key(&top, "auth", "consumer_files") {
+        consumers.extend(super::auth::consumer_files(p, files, dir, &mut seen));
+    }
+    if let Some(max) = auth.as_ref().and_then(|a| a.max_failures) {
+        if policies.iter().any(|x| x.name == AUTH_FAILURES) {
+            p.at(
+                &top_key_span(&top, "auth", "max_failures"),
+                format!("`max_failures` counts with a policy named \"{AUTH_FAILURES}\"; rename the policy of that name"),
+            );
+        }
+        policies.push(super::auth::failures_policy(max));
+    }
     let routes = match top.required("routes") {
         Some(node) => routes(p, node, &upstreams, &policies),
         None => Vec::new(),
@@ -358,6 +387,18 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
             "`tls_listen` needs at least one [[certificates]] entry",
         );
     }
+    if let Some(a) = &auth {
+        if a.api_key.is_empty() && a.jwt.is_empty() {
+            for (route, t) in routes.iter().zip(route_tables(&top)) {
+                if route.auth != AuthMode::Off {
+                    p.at(
+                        &t,
+                        format!("route \"{}\" has `auth` but [auth] accepts no credentials (no `api_key` sources and no [[auth.jwt]])", route.name),
+                    );
+                }
+            }
+        }
+    }
     top.finish();
     Some(Config {
         server,
@@ -368,8 +409,39 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
         routes,
         tls: tls?,
         certificates,
+        auth: auth?,
+        consumers,
         warnings: Vec::new(),
     })
+}
+
+/// The span of each `[[routes]]` entry's `auth` key (or of the entry), in order.
+fn route_tables(top: &Table) -> Vec<Range<usize>> {
+    let Some((_, node)) = top.entries.iter().find(|(k, _)| k.value == "routes") else {
+        return Vec::new();
+    };
+    let Node::Array(items) = &node.value else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .map(|item| match &item.value {
+            Node::Table(entries) => entries
+                .iter()
+                .find(|(k, _)| k.value == "auth")
+                .map_or(item.span.clone(), |(_, v)| v.span.clone()),
+            _ => item.span.clone(),
+        })
+        .collect()
+}
+
+/// The node of `key` inside the top-level table `table`, if both are there.
+fn top_key<'a>(top: &Table<'a>, table: &str, key: &str) -> Option<&'a Spanned<Node>> {
+    let (_, node) = top.entries.iter().find(|(k, _)| k.value == table)?;
+    let Node::Table(entries) = &node.value else {
+        return None;
+    };
+    entries.iter().find(|(k, _)| k.value == key).map(|(_, v)| v)
 }
 
 /// The span of `key` inside the top-level table `table` (or of the table when absent).
@@ -961,7 +1033,7 @@ fn health_check(
 }
 
 /// A key part named in `field` (`key`, or `when` of an override).
-fn key_part(p: &Problems, s: &Spanned<String>, field: &str) -> Option<KeyPart> {
+pub(super) fn key_part(p: &Problems, s: &Spanned<String>, field: &str) -> Option<KeyPart> {
     let v = s.value.as_str();
     let named = |prefix: &str| {
         v.strip_prefix(prefix)
@@ -975,6 +1047,8 @@ fn key_part(p: &Problems, s: &Spanned<String>, field: &str) -> Option<KeyPart> {
         "host" => Some(KeyPart::Host),
         "route" => Some(KeyPart::Route),
         "client_cert" => Some(KeyPart::ClientCert),
+        "consumer" => Some(KeyPart::Consumer),
+        "plan" => Some(KeyPart::Plan),
         _ => {
             if let Some(bits) = v.strip_prefix("client_ip/") {
                 match bits.parse::<u8>() {
@@ -988,6 +1062,8 @@ fn key_part(p: &Problems, s: &Spanned<String>, field: &str) -> Option<KeyPart> {
                 Some(KeyPart::Header(name.to_ascii_lowercase()))
             } else if let Some(name) = named("query:") {
                 Some(KeyPart::Query(name))
+            } else if let Some(name) = named("claim:") {
+                Some(KeyPart::Claim(name))
             } else {
                 named("cookie:").map(KeyPart::Cookie)
             }
@@ -996,7 +1072,7 @@ fn key_part(p: &Problems, s: &Spanned<String>, field: &str) -> Option<KeyPart> {
     if part.is_none() {
         p.at(
             &s.span,
-            format!("`{field}`: unknown key part \"{v}\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route or client_cert)"),
+            format!("`{field}`: unknown key part \"{v}\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route, client_cert, consumer, plan or claim:NAME)"),
         );
     }
     part
@@ -1054,6 +1130,7 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
                 ("skip", OnMissing::Skip),
                 ("deny", OnMissing::Deny),
                 ("shared", OnMissing::Shared),
+                ("client_ip", OnMissing::ClientIp),
             ],
         )
         .unwrap_or(OnMissing::Skip);
@@ -1504,6 +1581,16 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
         })
         .collect();
     let max_request_body = t.size("max_request_body");
+    let auth = t
+        .choice(
+            "auth",
+            &[
+                ("off", AuthMode::Off),
+                ("optional", AuthMode::Optional),
+                ("required", AuthMode::Required),
+            ],
+        )
+        .unwrap_or(AuthMode::Off);
     Some(Route {
         name: name?.value,
         hosts,
@@ -1512,11 +1599,12 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
         target: target?,
         policies: policy_refs,
         max_request_body,
+        auth,
     })
 }
 
 /// Names appear in metric labels and Redis keys: keep them plain.
-fn check_name(p: &Problems, name: &Spanned<String>, what: &str) {
+pub(super) fn check_name(p: &Problems, name: &Spanned<String>, what: &str) {
     let ok = !name.value.is_empty()
         && name
             .value

@@ -8,6 +8,7 @@ pub mod algorithm;
 pub mod backend;
 pub mod clock;
 mod deny_cache;
+mod identity;
 pub mod memory;
 pub mod overrides;
 mod pubsub;
@@ -308,6 +309,7 @@ impl Limiter {
                     shared: Arc::downgrade(&shared),
                     backend: backend.clone(),
                     hash: runtime::hash_name(&settings.key_prefix),
+                    consumers: crate::auth::consumers::hash_name(&settings.key_prefix),
                     io_timeout: settings.timeout.max(Duration::from_millis(250)),
                 });
                 let channel = runtime::channel_name(&settings.key_prefix);
@@ -480,6 +482,7 @@ impl Limiter {
                 }
                 // Every request without the part shares one bucket.
                 (None, OnMissing::Shared) => b"\xffmissing".to_vec(),
+                (None, OnMissing::ClientIp) => key::key_value_or_ip(&policy.key, req),
             };
             let key = self.storage_key(policy, &value);
             if !self.top.is_empty() {
@@ -1091,6 +1094,7 @@ policies = ["bucket", "window"]
             headers: &headers,
             route: "r",
             client_cert: None,
+            identity: &crate::auth::Identity::anonymous(),
         };
         for _ in 0..3 {
             limiter.decide(0, &first.policies, &[0], &facts).await;

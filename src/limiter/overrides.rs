@@ -73,6 +73,7 @@ mod tests {
             headers,
             route: "api",
             client_cert: None,
+            identity: &crate::auth::Identity::anonymous(),
         }
     }
 

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::{Backend, Listener};
 use super::deny_cache::DenyCache;
+use crate::auth::consumers::{RuntimeConsumer, RuntimeConsumers};
 use crate::config::Numbers;
 
 /// One runtime override, as stored (JSON in the fleet's hash) and shown by the admin API.
@@ -60,7 +61,15 @@ pub struct Shared {
     /// `overrides.len()`, read without the lock on every decision.
     count: AtomicUsize,
     deny_cache: Mutex<Option<DenyCache>>,
+    /// Consumers created through the admin API (DESIGN §11).
+    pub consumers: Arc<RuntimeConsumers>,
+    /// Addresses banned by `max_failures`: storage key -> until (Unix ms), checked before
+    /// any credential, here and (announced) on every instance.
+    auth_bans: Mutex<HashMap<String, u64>>,
 }
+
+/// Bans remembered at most; past it, expired ones go first, then the oldest half.
+const AUTH_BANS: usize = 100_000;
 
 impl Shared {
     /// The numbers of a live override for the storage key `key`.
@@ -122,11 +131,39 @@ impl Shared {
         *self.deny_cache.lock() = cache;
     }
 
-    /// The deny cache forgets `key` (a reset here or on another instance).
+    /// The deny cache forgets `key` (a reset here or on another instance), and so do the
+    /// `max_failures` bans.
     pub fn forget(&self, key: &str) {
         if let Some(cache) = self.deny_cache.lock().as_ref() {
             cache.forget(key);
         }
+        self.auth_bans.lock().remove(key);
+    }
+
+    /// Milliseconds left of a `max_failures` ban on `key`, if one stands.
+    pub fn auth_banned(&self, key: &str, now_ms: u64) -> Option<u64> {
+        let bans = self.auth_bans.lock();
+        if bans.is_empty() {
+            return None;
+        }
+        let until = *bans.get(key)?;
+        (until > now_ms).then(|| until - now_ms)
+    }
+
+    pub fn auth_ban(&self, key: &str, until_ms: u64) {
+        let mut bans = self.auth_bans.lock();
+        if bans.len() >= AUTH_BANS {
+            let now = unix_ms();
+            bans.retain(|_, until| *until > now);
+            if bans.len() >= AUTH_BANS {
+                let mut ends: Vec<u64> = bans.values().copied().collect();
+                ends.sort_unstable();
+                let cut = ends[ends.len() / 2];
+                bans.retain(|_, until| *until > cut);
+            }
+        }
+        let entry = bans.entry(key.to_owned()).or_insert(until_ms);
+        *entry = (*entry).max(until_ms);
     }
 }
 
@@ -139,9 +176,25 @@ pub fn channel_name(key_prefix: &str) -> String {
     format!("{key_prefix}admin")
 }
 
-/// Announcements: "override" (re-read the hash) or "reset <storage key>".
+/// Announcements: "override" (re-read the hash), "reset <storage key>", "consumers"
+/// (re-read the runtime consumers), or "ban <until ms> <storage key>" (`max_failures`).
 pub const CHANGED: &str = "override";
 pub const RESET: &str = "reset ";
+pub const BAN: &str = "ban ";
+
+/// Reads the fleet's runtime consumers into `shared`.
+pub async fn reload_consumers(shared: &Shared, backend: &dyn Backend, hash: &str) -> Result<(), String> {
+    let entries = backend.hash_read(hash).await.map_err(|e| e.to_string())?;
+    let mut list = Vec::with_capacity(entries.len());
+    for (field, value) in entries {
+        match serde_json::from_str::<RuntimeConsumer>(&value) {
+            Ok(c) => list.push(c),
+            Err(e) => log::warn!("runtime consumer {field}: unreadable ({e}); ignored"),
+        }
+    }
+    shared.consumers.replace(list);
+    Ok(())
+}
 
 /// Reads the fleet's overrides into `shared`, dropping (and deleting) expired ones.
 pub async fn reload(shared: &Shared, backend: &dyn Backend, hash: &str) -> Result<(), String> {
@@ -171,23 +224,36 @@ pub struct FleetListener {
     pub shared: Weak<Shared>,
     pub backend: Arc<dyn Backend>,
     pub hash: String,
+    /// The runtime consumers' hash.
+    pub consumers: String,
     pub io_timeout: Duration,
 }
 
 impl FleetListener {
-    async fn reload(&self) -> Result<(), String> {
+    /// Re-reads the overrides, and the consumers when `consumers` (or both when every
+    /// announcement may have been missed).
+    async fn reload_some(&self, overrides: bool, consumers: bool) -> Result<(), String> {
         let Some(shared) = self.shared.upgrade() else {
             return Ok(());
         };
-        match tokio::time::timeout(
-            self.io_timeout,
-            reload(&shared, self.backend.as_ref(), &self.hash),
-        )
-        .await
-        {
+        let backend = self.backend.as_ref();
+        let work = async {
+            if overrides {
+                reload(&shared, backend, &self.hash).await?;
+            }
+            if consumers {
+                reload_consumers(&shared, backend, &self.consumers).await?;
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(self.io_timeout, work).await {
             Ok(result) => result,
             Err(_) => Err(format!("no answer within {:?}", self.io_timeout)),
         }
+    }
+
+    async fn reload(&self) -> Result<(), String> {
+        self.reload_some(true, true).await
     }
 }
 
@@ -206,7 +272,18 @@ impl Listener for FleetListener {
             if let Some(shared) = self.shared.upgrade() {
                 shared.forget(key);
             }
-        } else if let Err(e) = self.reload().await {
+        } else if let Some(ban) = text.strip_prefix(BAN) {
+            let parsed = ban
+                .split_once(' ')
+                .and_then(|(until, key)| Some((until.parse::<u64>().ok()?, key)));
+            if let (Some(shared), Some((until, key))) = (self.shared.upgrade(), parsed) {
+                shared.auth_ban(key, until);
+            }
+        } else if text == crate::auth::consumers::CHANGED {
+            if let Err(e) = self.reload_some(false, true).await {
+                log::warn!("runtime consumers: re-reading after a change failed: {e}");
+            }
+        } else if let Err(e) = self.reload_some(true, false).await {
             log::warn!("runtime overrides: re-reading after {text:?} failed: {e}");
         }
     }

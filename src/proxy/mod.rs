@@ -17,7 +17,8 @@ use pingora::protocols::ALPN;
 use pingora::proxy::FailToProxy;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 
-use crate::config::{AccessLog, Target, UpstreamProtocol};
+use crate::auth::{self, Identity, Presented};
+use crate::config::{AccessLog, AuthMode, KeyPart, Target, UpstreamProtocol, AUTH_FAILURES};
 use crate::gateway::{App, Gateway};
 use crate::key::{self, RequestFacts};
 use crate::limiter::{Lease, PolicyOutcome};
@@ -49,6 +50,10 @@ pub struct Ctx {
     /// The route's `max_request_body` (0 = unlimited) and the body bytes seen so far.
     body_limit: u64,
     body_seen: u64,
+    /// Who is asking (anonymous unless a credential checked out), and which credentials
+    /// were presented (for `hide_credentials`).
+    identity: Identity,
+    presented: Presented,
 }
 
 impl Drop for Ctx {
@@ -136,6 +141,8 @@ impl ProxyHttp for Proxy {
             upstream_tried: Vec::new(),
             body_limit: 0,
             body_seen: 0,
+            identity: Identity::anonymous(),
+            presented: Presented::default(),
         }
     }
 
@@ -228,6 +235,12 @@ impl ProxyHttp for Proxy {
             .await?;
             return Ok(true);
         }
+        if route.auth != AuthMode::Off {
+            if let Some(refused) = self.authenticate(session, ctx, &gateway, route_id).await? {
+                return Ok(refused);
+            }
+        }
+        let req = session.req_header();
         let client_cert = crate::tls::client_cert_id(session.digest());
         let facts = RequestFacts {
             client_ip: ctx.client_ip,
@@ -238,6 +251,7 @@ impl ProxyHttp for Proxy {
             headers: &req.headers,
             route: &route.name,
             client_cert: client_cert.as_deref(),
+            identity: &ctx.identity,
         };
         let outcome = gateway
             .limiter
@@ -251,23 +265,7 @@ impl ProxyHttp for Proxy {
         ctx.decisions = outcome.policies;
         ctx.leases = outcome.leases;
         if let Some(denial) = &outcome.denial {
-            if grpc {
-                let mut headers = response::grpc_denial(denial);
-                headers.extend(ctx.rate_headers.iter().cloned());
-                write_grpc(session, &headers).await?;
-                return Ok(true);
-            }
-            let (status, extra, body) = response::denial(denial);
-            let mut headers = ctx.rate_headers.clone();
-            headers.extend(extra);
-            write_response(
-                session,
-                status,
-                &headers,
-                "application/problem+json",
-                Bytes::from(body),
-            )
-            .await?;
+            write_denial(session, grpc, denial, &ctx.rate_headers).await?;
             return Ok(true);
         }
         if outcome.wait_ms > 0 {
@@ -419,8 +417,11 @@ impl ProxyHttp for Proxy {
         &self,
         session: &mut Session,
         upstream: &mut RequestHeader,
-        _ctx: &mut Ctx,
+        ctx: &mut Ctx,
     ) -> Result<()> {
+        if let Some(gateway) = &ctx.gateway {
+            identity_headers(upstream, gateway, ctx)?;
+        }
         // An absolute-form target (`GET http://host/path`) reaches the upstream in origin
         // form. Pingora keeps its raw bytes for the wire; its Uri holds only the path, and
         // it has already checked that the target's authority equals Host.
@@ -505,6 +506,155 @@ impl ProxyHttp for Proxy {
     }
 }
 
+impl Proxy {
+    /// Who is asking (DESIGN §11): a banned address is refused before any credential is
+    /// looked at; an invalid credential counts against `max_failures`. Some(true): a
+    /// refusal was written; None: `ctx.identity` is set and the request goes on.
+    async fn authenticate(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        gateway: &Gateway,
+        route_id: usize,
+    ) -> Result<Option<bool>> {
+        let config = &gateway.config;
+        let route = &config.routes[route_id];
+        let counted = |result: &str| {
+            self.app
+                .metrics
+                .auth
+                .with_label_values(&[&route.name, result])
+                .inc();
+        };
+        let grpc = response::is_grpc(&session.req_header().headers);
+        let failures = gateway.auth.failures_policy();
+        if let Some(id) = failures {
+            if let Some(ms) = gateway.limiter.auth_banned(&config.policies[id], ctx.client_ip) {
+                counted("banned");
+                let denial = crate::limiter::Denial::Limited {
+                    status: config.policies[id].status,
+                    retry_after_ms: ms,
+                    violated: vec![AUTH_FAILURES.to_owned()],
+                };
+                write_denial(session, grpc, &denial, &[]).await?;
+                return Ok(Some(true));
+            }
+        }
+        let req = session.req_header();
+        let outcome = gateway
+            .auth
+            .authenticate(route.auth, &req.headers, req.uri.query());
+        counted(outcome.label());
+        let refusal = match outcome {
+            auth::Outcome::Verified(identity, presented) => {
+                ctx.identity = identity;
+                ctx.presented = presented;
+                return Ok(None);
+            }
+            auth::Outcome::Anonymous => return Ok(None),
+            auth::Outcome::Missing => response::AuthRefusal::Missing,
+            auth::Outcome::Unavailable(why) => response::AuthRefusal::Unavailable(why),
+            auth::Outcome::Invalid(why) => {
+                if let Some(id) = failures {
+                    let facts = RequestFacts {
+                        client_ip: ctx.client_ip,
+                        method: req.method.as_str(),
+                        host: "",
+                        path: req.uri.path(),
+                        query: req.uri.query(),
+                        headers: &req.headers,
+                        route: &route.name,
+                        client_cert: None,
+                        identity: &ctx.identity,
+                    };
+                    if let Some(ms) = gateway.limiter.auth_failed(&config.policies, id, &facts).await {
+                        log::info!(
+                            "max_failures: {} banned for {}s after repeated invalid credentials",
+                            ctx.client_ip,
+                            ms.div_ceil(1000)
+                        );
+                    }
+                }
+                response::AuthRefusal::Invalid(why)
+            }
+        };
+        if grpc {
+            write_grpc(session, &response::grpc_auth_refusal(&refusal)).await?;
+        } else {
+            let (status, headers, body) = response::auth_refusal(&refusal);
+            write_response(session, status, &headers, response::PROBLEM, body.into()).await?;
+        }
+        Ok(Some(true))
+    }
+}
+
+/// Writes a policy denial: a gRPC status, or the policy's status with a problem body.
+async fn write_denial(
+    session: &mut Session,
+    grpc: bool,
+    denial: &crate::limiter::Denial,
+    rate_headers: &[(&'static str, String)],
+) -> Result<()> {
+    if grpc {
+        let mut headers = response::grpc_denial(denial);
+        headers.extend(rate_headers.iter().cloned());
+        return write_grpc(session, &headers).await;
+    }
+    let (status, extra, body) = response::denial(denial);
+    let mut headers = rate_headers.to_vec();
+    headers.extend(extra);
+    write_response(session, status, &headers, response::PROBLEM, Bytes::from(body)).await
+}
+
+/// What the upstream is told of the consumer: the client's own copies of the identity
+/// headers (and `strip_headers`) are always removed, the verified values set on routes
+/// with `auth`, and with `hide_credentials` the credential itself is not passed on.
+fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) -> Result<()> {
+    let settings = gateway.auth.settings();
+    upstream.remove_header(settings.consumer_header.as_str());
+    upstream.remove_header(settings.plan_header.as_str());
+    for name in &settings.strip_headers {
+        upstream.remove_header(name.as_str());
+    }
+    let Some(route) = ctx.route.map(|r| &gateway.config.routes[r]) else {
+        return Ok(());
+    };
+    if route.auth == AuthMode::Off {
+        return Ok(());
+    }
+    if let Some(consumer) = ctx.identity.consumer.as_deref() {
+        upstream.insert_header(settings.consumer_header.clone(), consumer)?;
+    }
+    if let Some(plan) = ctx.identity.plan.as_deref() {
+        upstream.insert_header(settings.plan_header.clone(), plan)?;
+    }
+    if settings.hide_credentials {
+        if ctx.presented.bearer {
+            upstream.remove_header(&http::header::AUTHORIZATION);
+        }
+        match ctx.presented.api_key.and_then(|i| settings.api_key.get(i)) {
+            Some(KeyPart::Header(name)) => {
+                upstream.remove_header(name.as_str());
+            }
+            Some(KeyPart::Query(name)) => {
+                let uri = &upstream.uri;
+                if let Some(query) = uri.query() {
+                    let path = uri.path();
+                    let target = match auth::query_without(query, name) {
+                        Some(rest) => format!("{path}?{rest}"),
+                        None => path.to_owned(),
+                    };
+                    if let Ok(uri) = target.parse::<http::Uri>() {
+                        upstream.set_uri(uri);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Whether `e` is the client closing or breaking its connection before the response
 /// was complete (Pingora: "Downstream ConnectionClosed ... Prematurely before response
 /// header is sent", a failed read or write on the client side, or an HTTP/2 stream the
@@ -584,6 +734,7 @@ fn access_log(
             "method": req.method.as_str(),
             "path": req.uri.path(),
             "route": route,
+            "consumer": ctx.identity.consumer.as_deref(),
             "status": status,
             "duration_ms": elapsed.as_secs_f64() * 1000.0,
             "decisions": decisions,
@@ -592,10 +743,11 @@ fn access_log(
         _ => {
             let d: Vec<String> = decisions.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
             format!(
-                "{} {} {} route={route} status={status} duration_ms={:.3} decisions={}",
+                "{} {} {} route={route} consumer={} status={status} duration_ms={:.3} decisions={}",
                 ctx.client_ip,
                 req.method,
                 req.uri.path(),
+                ctx.identity.consumer.as_deref().unwrap_or("-"),
                 elapsed.as_secs_f64() * 1000.0,
                 d.join(",")
             )

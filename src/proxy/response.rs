@@ -16,6 +16,7 @@ pub enum GrpcStatus {
     ResourceExhausted = 8,
     Unimplemented = 12,
     Unavailable = 14,
+    Unauthenticated = 16,
 }
 
 /// Whether a request is gRPC (`content-type: application/grpc`, `application/grpc+proto`...):
@@ -66,6 +67,44 @@ pub fn grpc_denial(denial: &Denial) -> Vec<(&'static str, String)> {
             headers
         }
         Denial::BackendDown => grpc_status(GrpcStatus::Unavailable, "rate limiter unavailable"),
+    }
+}
+
+/// Why authentication refused a request (DESIGN §11).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthRefusal {
+    /// 401: no credential on a `required` route.
+    Missing,
+    /// 401: a credential that is not good, and why (never the credential itself).
+    Invalid(String),
+    /// 503: the issuer's keys could not be had.
+    Unavailable(String),
+}
+
+/// Status, headers and problem body of an authentication refusal.
+pub fn auth_refusal(refusal: &AuthRefusal) -> (u16, Vec<(&'static str, String)>, String) {
+    const REALM: &str = "Bearer realm=\"sluice\"";
+    match refusal {
+        AuthRefusal::Missing => (
+            401,
+            vec![("WWW-Authenticate", REALM.to_owned())],
+            problem(401, "Unauthorized", "no credentials: send an API key or a bearer token"),
+        ),
+        AuthRefusal::Invalid(why) => (
+            401,
+            vec![("WWW-Authenticate", format!("{REALM}, error=\"invalid_token\""))],
+            problem(401, "Unauthorized", why),
+        ),
+        AuthRefusal::Unavailable(why) => (503, Vec::new(), problem(503, "Service Unavailable", why)),
+    }
+}
+
+/// The gRPC answer of an authentication refusal: UNAUTHENTICATED, or UNAVAILABLE.
+pub fn grpc_auth_refusal(refusal: &AuthRefusal) -> Vec<(&'static str, String)> {
+    match refusal {
+        AuthRefusal::Missing => grpc_status(GrpcStatus::Unauthenticated, "no credentials"),
+        AuthRefusal::Invalid(why) => grpc_status(GrpcStatus::Unauthenticated, why),
+        AuthRefusal::Unavailable(why) => grpc_status(GrpcStatus::Unavailable, why),
     }
 }
 

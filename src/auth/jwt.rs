@@ -1,0 +1,231 @@
+//! Checking one bearer token against the configured issuers: signature by a key of the
+//! issuer's set (by `kid`, key type and the allow-list, never the token's say-so), then
+//! `iss`, `aud`, `exp`, `nbf` with leeway. Pure but for asking a URL source to re-fetch.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::{Map, Value};
+
+use super::jwks::{KeySet, UrlSource};
+use crate::config::{JwtIssuer, JwtKeys};
+
+/// Where one issuer's keys are now.
+pub enum Keys {
+    Static(Arc<KeySet>),
+    Url(Arc<UrlSource>),
+    Secret(DecodingKey),
+}
+
+pub struct Issuer {
+    pub config: JwtIssuer,
+    pub keys: Keys,
+}
+
+impl Issuer {
+    /// `previous`: the URL sources of the config before a reload, kept when unchanged.
+    pub fn new(
+        config: &JwtIssuer,
+        previous: &[Arc<UrlSource>],
+        metrics: &Arc<crate::metrics::Metrics>,
+    ) -> Issuer {
+        let keys = match &config.keys {
+            JwtKeys::Jwks(set) => Keys::Static(Arc::new(set.clone())),
+            JwtKeys::Secret(secret) => Keys::Secret(DecodingKey::from_secret(secret)),
+            JwtKeys::Url(url) => {
+                let kept = previous.iter().find(|s| {
+                    s.issuer == config.issuer
+                        && s.same(url, &config.algorithms, config.jwks_refresh, config.unknown_kid_refetch)
+                });
+                let source = match kept {
+                    Some(s) => s.clone(),
+                    None => {
+                        let same_url = previous.iter().find(|s| s.url == *url).map(|s| s.as_ref());
+                        UrlSource::start(
+                            url,
+                            &config.issuer,
+                            &config.algorithms,
+                            config.jwks_refresh,
+                            config.unknown_kid_refetch,
+                            same_url,
+                            metrics.clone(),
+                        )
+                    }
+                };
+                Keys::Url(source)
+            }
+        };
+        Issuer {
+            config: config.clone(),
+            keys,
+        }
+    }
+
+    /// False while a `jwks_url` has never been fetched.
+    pub fn ready(&self) -> bool {
+        match &self.keys {
+            Keys::Url(s) => s.keys().is_some(),
+            _ => true,
+        }
+    }
+}
+
+/// A token that checked out.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub consumer: String,
+    pub plan: Option<String>,
+    pub claims: Map<String, Value>,
+    /// Unix seconds.
+    pub exp: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The token is not good; the text says why, without the token.
+    Invalid(String),
+    /// The issuer's key set has never been fetched: sluice's fault, not the client's.
+    Unavailable(String),
+}
+
+fn invalid(why: impl Into<String>) -> Failure {
+    Failure::Invalid(why.into())
+}
+
+fn segment(part: &str) -> Result<Map<String, Value>, Failure> {
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(part)
+        .map_err(|_| invalid("malformed token (bad base64)"))?;
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        _ => Err(invalid("malformed token (not a JSON object)")),
+    }
+}
+
+/// Checks `token` against `issuers`.
+pub fn verify(token: &str, issuers: &[Issuer]) -> Result<Verified, Failure> {
+    let mut parts = token.split('.');
+    let (Some(head), Some(body), Some(_sig), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(invalid("malformed token (expected three dot-separated parts)"));
+    };
+    let header = segment(head)?;
+    let claims = segment(body)?;
+    let alg_name = header.get("alg").and_then(Value::as_str).unwrap_or("");
+    let Ok(alg) = alg_name.parse::<Algorithm>() else {
+        return Err(invalid(format!("algorithm {alg_name:?} is not accepted")));
+    };
+    let kid = match header.get("kid") {
+        None => None,
+        Some(Value::String(k)) => Some(k.as_str()),
+        Some(_) => return Err(invalid("malformed token (`kid` is not a string)")),
+    };
+    let Some(iss) = claims.get("iss").and_then(Value::as_str) else {
+        return Err(invalid("the token has no `iss` claim"));
+    };
+    let Some(issuer) = issuers.iter().find(|i| i.config.issuer == iss) else {
+        return Err(invalid("unknown issuer"));
+    };
+    let cfg = &issuer.config;
+    if !cfg.algorithms.contains(&alg) {
+        return Err(invalid(format!("algorithm {alg_name} is not allowed for this issuer")));
+    }
+    // Time claims are JSON numbers (RFC 7519 NumericDate), never strings.
+    for name in ["exp", "nbf", "iat"] {
+        if claims.get(name).is_some_and(|v| !v.is_number()) {
+            return Err(invalid(format!("`{name}` must be a number")));
+        }
+    }
+    let Some(exp) = claims.get("exp").and_then(Value::as_f64) else {
+        return Err(invalid("the token has no `exp` claim"));
+    };
+    let mut validation = Validation::new(alg);
+    validation.algorithms = vec![alg];
+    validation.leeway = cfg.leeway.as_secs();
+    validation.set_issuer(&[&cfg.issuer]);
+    validation.set_audience(&cfg.audiences);
+    validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+    validation.validate_nbf = true;
+
+    let check = |key: &DecodingKey| jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation);
+    let result = match &issuer.keys {
+        Keys::Secret(key) => check(key),
+        Keys::Static(set) => first_good(set, alg, kid, check),
+        Keys::Url(source) => {
+            let Some(set) = source.keys() else {
+                return Err(Failure::Unavailable(format!(
+                    "the key set of issuer {iss:?} has not been fetched yet"
+                )));
+            };
+            if let Some(kid) = kid.filter(|k| !set.has_kid(k)) {
+                // Perhaps a rotation: fetch again (rate-limited), refuse this one.
+                source.unknown_kid();
+                return Err(invalid(format!("unknown key id {kid:?}")));
+            }
+            first_good(&set, alg, kid, check)
+        }
+    };
+    let data = result.map_err(|e| invalid(reason(e.kind())))?;
+    let name = |claim: &str| match data.claims.get(claim) {
+        Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        _ => None,
+    };
+    let Some(consumer) = name(&cfg.consumer_claim) else {
+        return Err(invalid(format!(
+            "the token has no string `{}` claim naming its consumer",
+            cfg.consumer_claim
+        )));
+    };
+    let plan = cfg.plan_claim.as_deref().and_then(name);
+    Ok(Verified {
+        consumer,
+        plan,
+        claims: data.claims,
+        exp: exp.max(0.0) as u64,
+    })
+}
+
+type Checked = jsonwebtoken::errors::Result<jsonwebtoken::TokenData<Map<String, Value>>>;
+
+/// The first key of the set whose signature checks; a key that fails the signature lets
+/// the next one try, any other failure is the token's.
+fn first_good(
+    set: &KeySet,
+    alg: Algorithm,
+    kid: Option<&str>,
+    check: impl Fn(&DecodingKey) -> Checked,
+) -> Checked {
+    let mut last: Checked = Err(ErrorKind::InvalidSignature.into());
+    let mut tried = false;
+    for key in set.candidates(alg, kid) {
+        tried = true;
+        last = check(&key.key);
+        match &last {
+            Err(e) if *e.kind() == ErrorKind::InvalidSignature => continue,
+            _ => return last,
+        }
+    }
+    if !tried {
+        return Err(ErrorKind::InvalidKeyFormat.into());
+    }
+    last
+}
+
+fn reason(kind: &ErrorKind) -> String {
+    match kind {
+        ErrorKind::ExpiredSignature => "token expired".into(),
+        ErrorKind::ImmatureSignature => "token not yet valid (`nbf`)".into(),
+        ErrorKind::InvalidAudience => "wrong audience".into(),
+        ErrorKind::InvalidIssuer => "wrong issuer".into(),
+        ErrorKind::InvalidSignature => "bad signature".into(),
+        ErrorKind::InvalidKeyFormat => "no key of the issuer's set matches the token's algorithm and key id".into(),
+        ErrorKind::InvalidAlgorithm => "algorithm not allowed".into(),
+        ErrorKind::MissingRequiredClaim(c) => format!("the token has no `{c}` claim"),
+        ErrorKind::InvalidClaimFormat(c) => format!("bad `{c}` claim"),
+        _ => "malformed token".into(),
+    }
+}

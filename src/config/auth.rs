@@ -1,0 +1,423 @@
+//! `[auth]`, `[[auth.jwt]]`, `[[consumers]]` and `consumer_files` (DESIGN §11), checked into
+//! the model with every problem located.
+
+use std::collections::HashSet;
+use std::num::NonZeroU64;
+use std::path::Path;
+use std::time::Duration;
+
+use super::tree::{self, Node, Spanned};
+use super::validate::{check_name, key_part, Problems, Table};
+use super::*;
+
+/// Consumer names and key digests seen so far, across the config and its consumer files.
+#[derive(Default)]
+pub(super) struct Seen {
+    names: HashSet<String>,
+    digests: HashSet<[u8; 32]>,
+}
+
+pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Auth> {
+    let t = Table::new(p, "[auth]", node)?;
+    let defaults = Auth::default();
+    let api_key = match t.strings("api_key") {
+        None => defaults.api_key,
+        Some(list) => list
+            .iter()
+            .filter_map(|s| match key_part(p, s, "api_key") {
+                Some(part @ (KeyPart::Header(_) | KeyPart::Query(_))) => Some(part),
+                Some(_) => {
+                    p.at(&s.span, format!("`api_key`: \"{}\" is not a header:NAME or query:NAME source", s.value));
+                    None
+                }
+                None => None,
+            })
+            .collect(),
+    };
+    // Read with the config by `consumer_files`, below; only its type is checked here.
+    let _ = t.strings("consumer_files");
+    let header = |key: &str, default: String| match t.string(key) {
+        Some(s) if valid_header_name(&s.value) => s.value.to_ascii_lowercase(),
+        Some(s) => {
+            p.at(&s.span, format!("`{key}`: \"{}\" is not a valid header name", s.value));
+            default
+        }
+        None => default,
+    };
+    let consumer_header = header("consumer_header", defaults.consumer_header);
+    let plan_header = header("plan_header", defaults.plan_header);
+    let strip_headers = t
+        .strings("strip_headers")
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|s| {
+            if valid_header_name(&s.value) {
+                Some(s.value.to_ascii_lowercase())
+            } else {
+                p.at(&s.span, format!("`strip_headers`: \"{}\" is not a valid header name", s.value));
+                None
+            }
+        })
+        .collect();
+    let hide_credentials = t.bool("hide_credentials").unwrap_or(false);
+    let max_failures = t.get("max_failures").and_then(|n| max_failures(p, n));
+    let jwt = match t.get("jwt") {
+        None => Vec::new(),
+        Some(node) => match &node.value {
+            Node::Array(items) => {
+                let list: Vec<JwtIssuer> =
+                    items.iter().filter_map(|i| issuer(p, i, dir)).collect();
+                let mut issuers = HashSet::new();
+                for (i, item) in list.iter().zip(items) {
+                    if !issuers.insert(i.issuer.clone()) {
+                        p.at(&item.span, format!("duplicate issuer \"{}\"", i.issuer));
+                    }
+                }
+                list
+            }
+            other => {
+                p.at(&node.span, format!("`jwt` must be an array of tables ([[auth.jwt]]), found {}", other.kind()));
+                Vec::new()
+            }
+        },
+    };
+    t.finish();
+    Some(Auth {
+        api_key,
+        consumer_header,
+        plan_header,
+        strip_headers,
+        hide_credentials,
+        max_failures,
+        jwt,
+    })
+}
+
+fn valid_header_name(name: &str) -> bool {
+    http::HeaderName::from_bytes(name.as_bytes()).is_ok()
+}
+
+fn max_failures(p: &Problems, node: &Spanned<Node>) -> Option<MaxFailures> {
+    let t = Table::new(p, "`max_failures`", node)?;
+    let limit = t
+        .required("limit")
+        .and_then(|_| t.int("limit", 1..=1_000_000));
+    let period = t.required("period").map(|_| t.positive_duration("period", Duration::from_secs(60)));
+    let ban = t.required("ban").map(|_| t.positive_duration("ban", Duration::from_secs(60)));
+    t.finish();
+    Some(MaxFailures {
+        limit: NonZeroU64::new(limit?.value as u64)?,
+        period: period?,
+        ban: ban?,
+    })
+}
+
+/// The policy `max_failures` counts with: invalid credentials per address in fixed
+/// windows, with a ban once the window is full.
+pub(super) fn failures_policy(max: MaxFailures) -> Policy {
+    Policy {
+        name: AUTH_FAILURES.into(),
+        algorithm: Algorithm::FixedWindow,
+        limit: max.limit,
+        period: max.period,
+        burst: max.limit,
+        key: vec![KeyPart::ClientIp],
+        cost: 1,
+        mode: Mode::Enforce,
+        delay: None,
+        status: 429,
+        on_missing: OnMissing::Skip,
+        exempt: Vec::new(),
+        on_error: Some(OnError::Allow),
+        lease: Duration::from_secs(60),
+        overrides: Vec::new(),
+        ban: max.ban,
+    }
+}
+
+const ALGORITHMS: &str = "RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512";
+
+fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
+    use jsonwebtoken::Algorithm as A;
+    let t = Table::new(p, "[[auth.jwt]]", node)?;
+    let issuer = t.required("issuer").and_then(|_| t.string("issuer"));
+    if issuer.as_ref().is_some_and(|s| s.value.is_empty()) {
+        p.at(&t.key_span("issuer"), "`issuer` must not be empty");
+    }
+    let audiences = t.required("audiences").and_then(|_| t.strings("audiences"));
+    if audiences.as_ref().is_some_and(Vec::is_empty) {
+        p.at(&t.key_span("audiences"), "`audiences` needs at least one audience");
+    }
+    let algorithms: Vec<(Spanned<String>, A)> = t
+        .required("algorithms")
+        .and_then(|_| t.strings("algorithms"))
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|s| match s.value.parse::<A>() {
+            Ok(a) => Some((s, a)),
+            Err(_) => {
+                let why = if s.value.eq_ignore_ascii_case("none") {
+                    "unsigned tokens are never accepted"
+                } else {
+                    "unknown algorithm"
+                };
+                p.at(&s.span, format!("`algorithms`: \"{}\": {why} (expected {ALGORITHMS})", s.value));
+                None
+            }
+        })
+        .collect();
+    if t.get("algorithms").is_some_and(|n| matches!(&n.value, Node::Array(a) if a.is_empty())) {
+        p.at(&t.key_span("algorithms"), "`algorithms` needs at least one algorithm");
+    }
+    let hmac = |a: &A| matches!(a, A::HS256 | A::HS384 | A::HS512);
+    let sources: Vec<&str> = ["jwks_file", "jwks_url", "secret_file"]
+        .into_iter()
+        .filter(|k| t.get(k).is_some())
+        .collect();
+    if sources.len() != 1 {
+        let at = sources.get(1).map_or(t.span.clone(), |k| t.key_span(k));
+        p.at(&at, "an issuer takes exactly one of `jwks_file`, `jwks_url` and `secret_file`");
+    }
+    let allowed: Vec<A> = algorithms.iter().map(|(_, a)| *a).collect();
+    let keys = match sources.first().copied() {
+        Some("secret_file") => {
+            for (s, _) in algorithms.iter().filter(|(_, a)| !hmac(a)) {
+                p.at(&s.span, format!("`algorithms`: {} needs a public key (jwks_file or jwks_url), not `secret_file`", s.value));
+            }
+            t.string("secret_file").and_then(|s| match std::fs::read(dir.join(&s.value)) {
+                Ok(mut bytes) => {
+                    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                        bytes.pop();
+                    }
+                    if bytes.len() < 32 {
+                        p.at(&s.span, "`secret_file`: an HMAC secret needs at least 32 bytes");
+                    }
+                    Some(JwtKeys::Secret(bytes))
+                }
+                Err(e) => {
+                    p.at(&s.span, format!("`secret_file`: cannot read {}: {e}", s.value));
+                    None
+                }
+            })
+        }
+        Some(source) => {
+            for (s, _) in algorithms.iter().filter(|(_, a)| hmac(a)) {
+                p.at(&s.span, format!("`algorithms`: {} needs `secret_file`; HMAC keys are never taken from a JWKS", s.value));
+            }
+            if source == "jwks_file" {
+                t.string("jwks_file").and_then(|s| {
+                    let read = std::fs::read(dir.join(&s.value))
+                        .map_err(|e| format!("cannot read {}: {e}", s.value))
+                        .and_then(|text| crate::auth::jwks::KeySet::parse(&text, &allowed));
+                    match read {
+                        Ok(set) => Some(JwtKeys::Jwks(set)),
+                        Err(e) => {
+                            p.at(&s.span, format!("`jwks_file`: {e}"));
+                            None
+                        }
+                    }
+                })
+            } else {
+                t.string("jwks_url").and_then(|s| jwks_url(p, &s))
+            }
+        }
+        None => None,
+    };
+    let duration = |key: &str, default: u64| t.positive_duration(key, Duration::from_secs(default));
+    let jwks_refresh = duration("jwks_refresh", 600);
+    let unknown_kid_refetch = duration("unknown_kid_refetch", 30);
+    let leeway = t.duration("leeway").map_or(Duration::from_secs(60), |d| d.value);
+    let consumer_claim = t.string("consumer_claim").map_or("sub".into(), |s| s.value);
+    let plan_claim = t.string("plan_claim").map(|s| s.value);
+    t.finish();
+    Some(JwtIssuer {
+        issuer: issuer?.value,
+        audiences: audiences?.into_iter().map(|s| s.value).collect(),
+        algorithms: allowed,
+        keys: keys?,
+        jwks_refresh,
+        unknown_kid_refetch,
+        leeway,
+        consumer_claim,
+        plan_claim,
+    })
+}
+
+fn jwks_url(p: &Problems, s: &Spanned<String>) -> Option<JwtKeys> {
+    let Ok(uri) = s.value.parse::<http::Uri>() else {
+        p.at(&s.span, format!("`jwks_url`: bad URL \"{}\"", s.value));
+        return None;
+    };
+    match (uri.scheme_str(), uri.host()) {
+        (Some("https"), Some(_)) => {}
+        (Some("http"), Some(host)) => {
+            let loopback = host == "localhost"
+                || host
+                    .trim_matches(['[', ']'])
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            if !loopback {
+                p.warn(&s.span, "`jwks_url` is plain http:// to a host that is not loopback: anyone on the path can swap the keys");
+            }
+        }
+        _ => {
+            p.at(&s.span, format!("`jwks_url`: \"{}\" must be an http:// or https:// URL", s.value));
+            return None;
+        }
+    }
+    Some(JwtKeys::Url(s.value.clone()))
+}
+
+/// `[[consumers]]` entries (of the config, or of a consumer file).
+pub(super) fn consumers(p: &Problems, node: &Spanned<Node>, seen: &mut Seen) -> Vec<Consumer> {
+    let Node::Array(items) = &node.value else {
+        p.at(&node.span, format!("`consumers` must be an array of tables ([[consumers]]), found {}", node.value.kind()));
+        return Vec::new();
+    };
+    items.iter().filter_map(|item| consumer(p, item, seen)).collect()
+}
+
+fn consumer(p: &Problems, node: &Spanned<Node>, seen: &mut Seen) -> Option<Consumer> {
+    let t = Table::new(p, "[[consumers]]", node)?;
+    let name = t.required("name").and_then(|_| t.string("name"));
+    if let Some(n) = &name {
+        check_name(p, n, "consumer");
+        if n.value == ANONYMOUS {
+            p.at(&n.span, format!("\"{ANONYMOUS}\" is the plan of requests without a consumer; no consumer may be named so"));
+        } else if n.value.parse::<std::net::IpAddr>().is_ok() {
+            p.at(&n.span, "a consumer name must not be an IP address (anonymous clients are keyed by theirs)");
+        } else if !seen.names.insert(n.value.clone()) {
+            p.at(&n.span, format!("duplicate consumer name \"{}\"", n.value));
+        }
+    }
+    let plan = t.string("plan");
+    if let Some(s) = &plan {
+        if s.value.is_empty() || s.value == ANONYMOUS {
+            p.at(&s.span, format!("`plan` must be a name other than \"{ANONYMOUS}\""));
+        }
+    }
+    let mut keys = Vec::new();
+    for s in t.strings("keys").unwrap_or_default() {
+        let digest = s
+            .value
+            .strip_prefix("sha256:")
+            .and_then(crate::auth::consumers::parse_hex);
+        match digest {
+            Some(d) if !seen.digests.insert(d) => {
+                p.at(&s.span, "duplicate key digest (each key belongs to one consumer)")
+            }
+            Some(d) => keys.push(d),
+            None => p.at(
+                &s.span,
+                "`keys`: expected \"sha256:\" and 64 lowercase hex digits (the SHA-256 of the key, never the key itself)",
+            ),
+        }
+    }
+    t.finish();
+    Some(Consumer {
+        name: name?.value,
+        plan: plan.map(|s| s.value),
+        keys,
+    })
+}
+
+/// Reads the `[[consumers]]` of every file matching `consumer_files` (a `*` in a file name
+/// matches any characters), from the config's directory; their problems are located in
+/// their own files.
+pub(super) fn consumer_files(p: &Problems, node: &Spanned<Node>, dir: &Path, seen: &mut Seen) -> Vec<Consumer> {
+    let Node::Array(patterns) = &node.value else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for pattern in patterns {
+        let Node::Str(text) = &pattern.value else { continue };
+        let files = match expand(&dir.join(text)) {
+            Ok(files) => files,
+            Err(e) => {
+                p.at(&pattern.span, format!("`consumer_files`: {text}: {e}"));
+                continue;
+            }
+        };
+        for file in files {
+            let name = file.display().to_string();
+            let body = match std::fs::read_to_string(&file) {
+                Ok(b) => b,
+                Err(e) => {
+                    p.at(&pattern.span, format!("`consumer_files`: cannot read {name}: {e}"));
+                    continue;
+                }
+            };
+            let inner = Problems::default();
+            match tree::parse(&body) {
+                Err(problem) => inner.at(&(problem.0..problem.0), problem.1),
+                Ok(root) => {
+                    if let Some(t) = Table::new(&inner, "a consumer file", &root) {
+                        if let Some(n) = t.required("consumers") {
+                            out.extend(consumers(&inner, n, seen));
+                        }
+                        t.finish();
+                    }
+                }
+            }
+            p.2.borrow_mut()
+                .extend(located_in(&name, &body, inner.0.into_inner()));
+        }
+    }
+    out
+}
+
+/// The files matching `pattern`, sorted; a pattern without `*` names one file.
+fn expand(pattern: &Path) -> Result<Vec<std::path::PathBuf>, String> {
+    let name = pattern.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if !name.contains('*') {
+        return Ok(vec![pattern.to_path_buf()]);
+    }
+    let parent = pattern.parent().unwrap_or(Path::new("."));
+    let entries = std::fs::read_dir(parent).map_err(|e| format!("cannot list {}: {e}", parent.display()))?;
+    let pieces: Vec<&str> = name.split('*').collect();
+    let mut files: Vec<_> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_file())
+        .filter(|e| e.file_name().to_str().is_some_and(|n| wildcard(&pieces, n)))
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Whether `name` is the pieces of a pattern split at `*`, with anything between them.
+fn wildcard(pieces: &[&str], name: &str) -> bool {
+    let (first, rest) = match pieces.split_first() {
+        Some(x) => x,
+        None => return name.is_empty(),
+    };
+    let Some(mut left) = name.strip_prefix(first) else {
+        return false;
+    };
+    let Some((last, middle)) = rest.split_last() else {
+        return left.is_empty();
+    };
+    for piece in middle {
+        match left.find(piece) {
+            Some(at) => left = &left[at + piece.len()..],
+            None => return false,
+        }
+    }
+    left.len() >= last.len() && left.ends_with(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wildcard;
+
+    #[test]
+    fn wildcards_match_any_characters() {
+        let p = |s: &str| s.split('*').map(str::to_owned).collect::<Vec<_>>();
+        let m = |pat: &str, name: &str| wildcard(&p(pat).iter().map(String::as_str).collect::<Vec<_>>(), name);
+        assert!(m("*.toml", "acme.toml"));
+        assert!(!m("*.toml", "acme.toml.bak"));
+        assert!(m("team-*-prod.toml", "team-a-prod.toml"));
+        assert!(!m("team-*-prod.toml", "team-a-dev.toml"));
+        assert!(m("*", "x"));
+    }
+}

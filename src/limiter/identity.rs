@@ -1,0 +1,122 @@
+//! What the limiter does for authentication (DESIGN §11): `max_failures` bans by address,
+//! counted by the `auth_failures` policy in the backend and remembered here so a banned
+//! address costs one lookup; and the runtime consumers, stored and announced like runtime
+//! overrides.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::backend::BackendError;
+use super::{runtime, Limiter};
+use crate::auth::consumers::{self, RuntimeConsumer, RuntimeConsumers};
+use crate::config::Policy;
+use crate::key::{self, RequestFacts};
+
+impl Limiter {
+    pub fn runtime_consumers(&self) -> Arc<RuntimeConsumers> {
+        self.shared.consumers.clone()
+    }
+
+    fn failure_key(&self, policy: &Policy, client_ip: IpAddr) -> String {
+        let mut ip = Vec::with_capacity(40);
+        key::push_ip(&mut ip, client_ip);
+        self.storage_key(policy, &ip)
+    }
+
+    /// Milliseconds left of a `max_failures` ban on `client_ip`: one lookup, before any
+    /// credential is looked at.
+    pub fn auth_banned(&self, policy: &Policy, client_ip: IpAddr) -> Option<u64> {
+        let key = self.failure_key(policy, client_ip);
+        self.shared.auth_banned(&key, runtime::unix_ms())
+    }
+
+    /// Counts one invalid credential from the request's address against `policies[id]`
+    /// (the `auth_failures` policy). When that was the last the window allows, the address
+    /// is banned now, on every instance: returns the ban's length in ms.
+    pub async fn auth_failed(&self, policies: &[Policy], id: usize, req: &RequestFacts<'_>) -> Option<u64> {
+        let policy = &policies[id];
+        // Route usize::MAX: counted in sluice_auth_total, not under any route's decisions.
+        let first = self.decide(usize::MAX, policies, &[id], req).await;
+        let verdict = first.policies.first().and_then(|p| p.verdict)?;
+        let ban_ms = if verdict.allowed {
+            if verdict.remaining > 0 {
+                return None;
+            }
+            // The window is full: one more charge is refused, which sets the ban (in the
+            // same atomic call, fleet-wide with Redis).
+            let second = self.decide(usize::MAX, policies, &[id], req).await;
+            let v = second.policies.first().and_then(|p| p.verdict)?;
+            if v.allowed {
+                return None;
+            }
+            v.retry_after_ms.max(1)
+        } else {
+            verdict.retry_after_ms.max(1)
+        };
+        let key = self.failure_key(policy, req.client_ip);
+        let until = runtime::unix_ms() + ban_ms;
+        self.shared.auth_ban(&key, until);
+        if self.backend.shared() {
+            let channel = runtime::channel_name(&self.settings.key_prefix);
+            let message = format!("{}{until} {key}", runtime::BAN);
+            if let Err(e) = self.bounded(self.backend.announce(&channel, &message)).await {
+                log::warn!("max_failures: announcing the ban of {} failed: {e}", req.client_ip);
+            }
+        }
+        Some(ban_ms)
+    }
+
+    /// Creates or replaces a runtime consumer, here and (shared backend) for the fleet.
+    pub async fn set_consumer(&self, consumer: RuntimeConsumer) -> Result<(), BackendError> {
+        if self.backend.shared() {
+            let value = serde_json::to_string(&consumer)
+                .map_err(|e| BackendError::Script(e.to_string()))?;
+            let hash = consumers::hash_name(&self.settings.key_prefix);
+            self.bounded(self.backend.hash_write(&hash, &consumer.name, Some(&value)))
+                .await?;
+        }
+        self.shared.consumers.set(consumer);
+        self.announce_consumers().await
+    }
+
+    /// Deletes a runtime consumer and its keys; whether there was one.
+    pub async fn delete_consumer(&self, name: &str) -> Result<bool, BackendError> {
+        if self.backend.shared() {
+            let hash = consumers::hash_name(&self.settings.key_prefix);
+            self.bounded(self.backend.hash_write(&hash, name, None)).await?;
+        }
+        let had = self.shared.consumers.remove(name);
+        self.announce_consumers().await?;
+        Ok(had)
+    }
+
+    /// The runtime consumer `name` as the fleet has it now (re-read from a shared backend,
+    /// so a change made through another instance is never overwritten with a stale copy).
+    pub async fn fresh_consumer(&self, name: &str) -> Result<Option<RuntimeConsumer>, BackendError> {
+        if self.backend.shared() {
+            let hash = consumers::hash_name(&self.settings.key_prefix);
+            let shared = self.shared.clone();
+            let backend = self.backend.clone();
+            self.bounded(async move {
+                runtime::reload_consumers(&shared, backend.as_ref(), &hash)
+                    .await
+                    .map_err(BackendError::Connection)
+            })
+            .await?;
+        }
+        Ok(self.shared.consumers.get(name))
+    }
+
+    async fn announce_consumers(&self) -> Result<(), BackendError> {
+        self.metrics
+            .consumers
+            .with_label_values(&["runtime"])
+            .set(self.shared.consumers.len() as i64);
+        if !self.backend.shared() {
+            return Ok(());
+        }
+        let channel = runtime::channel_name(&self.settings.key_prefix);
+        self.bounded(self.backend.announce(&channel, consumers::CHANGED))
+            .await
+    }
+}
