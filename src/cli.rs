@@ -80,4 +80,27 @@ pub enum AdminCall {
         #[arg(short, default_value_t = 20)]
         n: usize,
     },
+    /// Every consumer: name, plan, number of keys, source (config or runtime)
+    Consumers,
+    /// Create or change a runtime consumer (or, with --delete, delete it and its keys)
+    Consumer {
+        name: String,
+        #[arg(long)]
+        plan: Option<String>,
+        #[arg(long, conflicts_with = "plan")]
+        delete: bool,
+    },
+    /// A runtime consumer's API keys: `key create NAME`, `key revoke NAME ID`
+    Key {
+        #[command(subcommand)]
+        action: KeyAction,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeyAction {
+    /// A new random key for NAME, shown once (only its SHA-256 is kept)
+    Create { name: String },
+    /// Refuse key ID of NAME on every instance
+    Revoke { name: String, id: String },
 }

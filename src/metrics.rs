@@ -24,7 +24,7 @@ pub const DECISIONS: [&str; 9] = [
 pub const BACKEND_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "circuit_open"];
 
 /// The admin API's endpoints (the `endpoint` label) and the status each answers on success.
-pub const ADMIN_ENDPOINTS: [(&str, &str); 7] = [
+pub const ADMIN_ENDPOINTS: [(&str, &str); 12] = [
     ("policies", "200"),
     ("quota", "200"),
     ("reset", "204"),
@@ -32,6 +32,11 @@ pub const ADMIN_ENDPOINTS: [(&str, &str); 7] = [
     ("override_delete", "204"),
     ("overrides", "200"),
     ("top", "200"),
+    ("consumers", "200"),
+    ("consumer_put", "200"),
+    ("consumer_delete", "204"),
+    ("key_create", "201"),
+    ("key_revoke", "204"),
 ];
 
 pub struct Metrics {

@@ -26,6 +26,11 @@ pub fn endpoint(method: &Method, segments: &[String]) -> &'static str {
         (&Method::DELETE, Some("overrides")) => "override_delete",
         (&Method::GET, Some("overrides")) => "overrides",
         (&Method::GET, Some("top")) => "top",
+        (&Method::GET, Some("consumers")) => "consumers",
+        (&Method::PUT, Some("consumers")) => "consumer_put",
+        (&Method::DELETE, Some("consumers")) if segments.len() == 2 => "consumer_delete",
+        (&Method::POST, Some("consumers")) => "key_create",
+        (&Method::DELETE, Some("consumers")) => "key_revoke",
         _ => "other",
     }
 }
@@ -35,6 +40,7 @@ pub async fn handle(gateway: &Gateway, call: &Call) -> Answer {
     let policy = |name: &str| gateway.config.policies.iter().find(|p| p.name == name);
     match (&call.method, &segments[..]) {
         (&Method::GET, ["policies"]) => policies(gateway),
+        (_, ["consumers", ..]) => super::consumers::handle(gateway, call).await,
         (_, ["quota" | "overrides" | "top", name]) => {
             let Some(policy) = policy(name) else {
                 return Answer::problem(404, "Not Found", format!("no policy named {name:?}"));

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 
-use crate::cli::AdminCall;
+use crate::cli::{AdminCall, KeyAction};
 use crate::config::Admin;
 
 /// The answer of one call: its status and body (pretty-printed when it is JSON).
@@ -97,6 +97,25 @@ fn request(call: &AdminCall) -> (&'static str, String, String) {
             }
             ("PUT", keyed("overrides", policy, key), body.to_string())
         }
+        AdminCall::Consumers => ("GET", "/v1/consumers".to_owned(), String::new()),
+        AdminCall::Consumer { name, delete: true, .. } => {
+            ("DELETE", consumer_path(name, ""), String::new())
+        }
+        AdminCall::Consumer { name, plan, .. } => (
+            "PUT",
+            consumer_path(name, ""),
+            serde_json::json!({ "plan": plan }).to_string(),
+        ),
+        AdminCall::Key {
+            action: KeyAction::Create { name },
+        } => ("POST", consumer_path(name, "/keys"), String::new()),
+        AdminCall::Key {
+            action: KeyAction::Revoke { name, id },
+        } => (
+            "DELETE",
+            consumer_path(name, &format!("/keys/{}", utf8_percent_encode(id, NON_ALPHANUMERIC))),
+            String::new(),
+        ),
         AdminCall::Top { policy, n } => (
             "GET",
             format!(
@@ -106,6 +125,13 @@ fn request(call: &AdminCall) -> (&'static str, String, String) {
             String::new(),
         ),
     }
+}
+
+fn consumer_path(name: &str, rest: &str) -> String {
+    format!(
+        "/v1/consumers/{}{rest}",
+        utf8_percent_encode(name, NON_ALPHANUMERIC)
+    )
 }
 
 /// A listener bound to every address is reached on loopback.

@@ -3,6 +3,7 @@
 
 mod api;
 pub mod client;
+mod consumers;
 
 use std::sync::Arc;
 
@@ -234,6 +235,10 @@ impl ServeHttp for Admin {
                 let gateway = self.app.current.load_full();
                 let m = &self.app.metrics;
                 m.memory_keys.set(gateway.limiter.memory_keys() as i64);
+                // Runtime consumers change through any instance of a fleet.
+                m.consumers
+                    .with_label_values(&["runtime"])
+                    .set(gateway.limiter.runtime_consumers().len() as i64);
                 m.deny_cache_entries
                     .set(gateway.limiter.deny_cache_entries() as i64);
                 reply(200, "text/plain; version=0.0.4", m.render())

@@ -108,10 +108,6 @@ impl Limiter {
     }
 
     async fn announce_consumers(&self) -> Result<(), BackendError> {
-        self.metrics
-            .consumers
-            .with_label_values(&["runtime"])
-            .set(self.shared.consumers.len() as i64);
         if !self.backend.shared() {
             return Ok(());
         }
