@@ -9,6 +9,47 @@ const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 /// (fixture, expected lines without the leading "FILE:")
 const CASES: &[(&str, &[&str])] = &[
     (
+        "auth_jwt.toml",
+        &[
+            "7:24: `algorithms`: \"none\": unsigned tokens are never accepted (expected RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512)",
+            "7:32: `algorithms`: \"XS256\": unknown algorithm (expected RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512)",
+            "8:13: `jwks_file`: cannot read no-such-jwks.json: No such file or directory (os error 2)",
+            "12:15: `algorithms`: HS256 needs `secret_file`; HMAC keys are never taken from a JWKS",
+            "14:1: an issuer takes exactly one of `jwks_file`, `jwks_url` and `secret_file`",
+            "16:1: `audiences` needs at least one audience",
+            "21:24: `algorithms`: HS256 needs `secret_file`; HMAC keys are never taken from a JWKS",
+            "22:1: an issuer takes exactly one of `jwks_file`, `jwks_url` and `secret_file`",
+            "23:12: `jwks_url`: \"ftp://idp.example/jwks.json\" must be an http:// or https:// URL",
+            "28:13: `jwks_file`: no usable key for ES256 among its 2 keys",
+            "30:10: duplicate issuer \"https://a.example/\"",
+        ],
+    ),
+    (
+        "auth_consumers.toml",
+        &[
+            "4:32: `api_key`: \"path\" is not a header:NAME or query:NAME source",
+            "5:19: `consumer_header`: \"bad header\" is not a valid header name",
+            "6:16: missing required key `ban` in `max_failures`",
+            "6:26: `limit` must be between 1 and 1000000, found 0",
+            "10:84: `keys`: expected \"sha256:\" and 64 lowercase hex digits (the SHA-256 of the key, never the key itself)",
+            "12:8: duplicate consumer name \"acme\"",
+            "13:9: `keys`: expected \"sha256:\" and 64 lowercase hex digits (the SHA-256 of the key, never the key itself)",
+            "16:9: duplicate key digest (each key belongs to one consumer)",
+            "18:8: \"anonymous\" is the plan of requests without a consumer; no consumer may be named so",
+            "19:8: `plan` must be a name other than \"anonymous\"",
+            "21:8: a consumer name must not be an IP address (anonymous clients are keyed by theirs)",
+        ],
+    ),
+    (
+        "auth_routes.toml",
+        &[
+            "9:20: `key`: unknown key part \"claim:\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route, client_cert, consumer, plan or claim:NAME)",
+            "10:14: `on_missing`: unknown value \"clientip\" (expected one of: skip, deny, shared, client_ip)",
+            "16:8: route \"api\" has `auth` but [auth] accepts no credentials (no `api_key` sources and no [[auth.jwt]])",
+            "20:8: `auth`: unknown value \"sometimes\" (expected one of: off, optional, required)",
+        ],
+    ),
+    (
         "bad_cidr.toml",
         &[
             "3:20: `trusted_proxies`: bad CIDR \"10.0.0.0/33\" (expected e.g. \"10.0.0.0/8\" or \"2001:db8::/32\")",
@@ -41,8 +82,8 @@ const CASES: &[(&str, &[&str])] = &[
         "bad_key.toml",
         &[
             "7:8: `key`: bad prefix length in \"client_ip/200\" (expected client_ip/1 to client_ip/128)",
-            "7:25: `key`: unknown key part \"header:\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route or client_cert)",
-            "7:36: `key`: unknown key part \"cookies:x\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route or client_cert)",
+            "7:25: `key`: unknown key part \"header:\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route, client_cert, consumer, plan or claim:NAME)",
+            "7:36: `key`: unknown key part \"cookies:x\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route, client_cert, consumer, plan or claim:NAME)",
         ],
     ),
     (
@@ -50,7 +91,7 @@ const CASES: &[(&str, &[&str])] = &[
         &[
             "9:7: `ban`: bad duration \"soon\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\", \"1m\")",
             "11:51: `when`: bad CIDR \"10.0.0.0/33\" (expected e.g. \"10.0.0.0/8\" or \"2001:db8::/32\")",
-            "11:67: `when`: unknown key part \"cookies:x\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route or client_cert)",
+            "11:67: `when`: unknown key part \"cookies:x\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route, client_cert, consumer, plan or claim:NAME)",
             "15:1: `cost` 2 can never be admitted: it exceeds this override's `burst` (1)",
             "17:21: `when`: \"method\" needs at least one value",
             "18:9: `limit` must be at least 1, found 0",
@@ -106,7 +147,7 @@ const CASES: &[(&str, &[&str])] = &[
             "4:1: unknown key `algoritm` in [policies.p]",
             "5:9: `limit` must be at least 1, found -1",
             "6:10: `period`: bad duration \"0x\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\", \"1m\")",
-            "7:8: `key`: unknown key part \"nope\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route or client_cert)",
+            "7:8: `key`: unknown key part \"nope\" (expected client_ip, client_ip/N, header:NAME, query:NAME, cookie:NAME, path, method, host, route, client_cert, consumer, plan or claim:NAME)",
             "8:8: `mode`: unknown value \"loud\" (expected one of: enforce, shadow)",
         ],
     ),
@@ -330,4 +371,27 @@ fn a_missing_file_is_an_error_not_a_panic() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr)
         .starts_with("/nonexistent/sluice.toml:1:1: cannot read config"));
+}
+
+/// `consumer_files`: problems inside a consumer file are located in that file, after the
+/// config's own.
+#[test]
+fn consumer_file_errors_are_located_in_their_own_file() {
+    let path = "tests/config/auth_consumer_files.toml";
+    let out = Command::new(SLUICE)
+        .args(["check", "--config", path])
+        .output()
+        .expect("run sluice check");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let got: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        got,
+        [
+            "tests/config/auth_consumer_files.toml:4:41: `consumer_files`: no-such-dir/*.toml: cannot list tests/config/no-such-dir: No such file or directory (os error 2)",
+            "tests/config/consumers.d/team.toml:3:8: duplicate consumer name \"acme\"",
+            "tests/config/consumers.d/team.toml:4:9: `keys`: expected \"sha256:\" and 64 lowercase hex digits (the SHA-256 of the key, never the key itself)",
+            "tests/config/consumers.d/team.toml:8:1: unknown key `plann` in [[consumers]]",
+        ]
+    );
 }

@@ -65,15 +65,19 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
         None => Vec::new(),
         Some(node) => match &node.value {
             Node::Array(items) => {
-                let list: Vec<JwtIssuer> =
-                    items.iter().filter_map(|i| issuer(p, i, dir)).collect();
-                let mut issuers = HashSet::new();
-                for (i, item) in list.iter().zip(items) {
-                    if !issuers.insert(i.issuer.clone()) {
-                        p.at(&item.span, format!("duplicate issuer \"{}\"", i.issuer));
+                let mut seen = HashSet::new();
+                for item in items {
+                    let named = match &item.value {
+                        Node::Table(entries) => entries.iter().find(|(k, _)| k.value == "issuer"),
+                        _ => None,
+                    };
+                    if let Some((_, Spanned { value: Node::Str(name), span })) = named {
+                        if !seen.insert(name.clone()) {
+                            p.at(span, format!("duplicate issuer \"{name}\""));
+                        }
                     }
                 }
-                list
+                items.iter().filter_map(|i| issuer(p, i, dir)).collect()
             }
             other => {
                 p.at(&node.span, format!("`jwt` must be an array of tables ([[auth.jwt]]), found {}", other.kind()));
