@@ -164,40 +164,38 @@ pub fn key_value_or_ip(parts: &[KeyPart], req: &RequestFacts) -> Vec<u8> {
 }
 
 fn push_part(out: &mut Vec<u8>, part: &KeyPart, req: &RequestFacts) -> Option<()> {
-        match part {
-            KeyPart::ClientIp => push_ip(out, req.client_ip),
-            KeyPart::ClientNet(bits) => {
-                let net = match req.client_ip {
-                    IpAddr::V4(v4) => IpNet::new(IpAddr::V4(v4), (*bits).min(32)),
-                    IpAddr::V6(v6) => IpNet::new(IpAddr::V6(v6), (*bits).min(128)),
-                }
-                .ok()?
-                .trunc();
-                out.extend_from_slice(net.to_string().as_bytes());
+    match part {
+        KeyPart::ClientIp => push_ip(out, req.client_ip),
+        KeyPart::ClientNet(bits) => {
+            let net = match req.client_ip {
+                IpAddr::V4(v4) => IpNet::new(IpAddr::V4(v4), (*bits).min(32)),
+                IpAddr::V6(v6) => IpNet::new(IpAddr::V6(v6), (*bits).min(128)),
             }
-            KeyPart::Header(name) => {
-                let mut values = req.headers.get_all(name.as_str()).iter().peekable();
-                values.peek()?;
-                for (j, v) in values.enumerate() {
-                    if j > 0 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(v.as_bytes());
-                }
-            }
-            KeyPart::Query(name) => {
-                out.extend_from_slice(query_param(req.query?, name)?.as_bytes())
-            }
-            KeyPart::Cookie(name) => out.extend_from_slice(cookie(req.headers, name)?),
-            KeyPart::Path => out.extend_from_slice(req.path.as_bytes()),
-            KeyPart::Method => out.extend_from_slice(req.method.as_bytes()),
-            KeyPart::Host => out.extend_from_slice(req.host.as_bytes()),
-            KeyPart::Route => out.extend_from_slice(req.route.as_bytes()),
-            KeyPart::ClientCert => out.extend_from_slice(req.client_cert?.as_bytes()),
-            KeyPart::Consumer => out.extend_from_slice(req.identity.consumer.as_deref()?.as_bytes()),
-            KeyPart::Plan => out.extend_from_slice(req.identity.plan.as_deref()?.as_bytes()),
-            KeyPart::Claim(name) => out.extend_from_slice(req.identity.claim(name)?.as_bytes()),
+            .ok()?
+            .trunc();
+            out.extend_from_slice(net.to_string().as_bytes());
         }
+        KeyPart::Header(name) => {
+            let mut values = req.headers.get_all(name.as_str()).iter().peekable();
+            values.peek()?;
+            for (j, v) in values.enumerate() {
+                if j > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(v.as_bytes());
+            }
+        }
+        KeyPart::Query(name) => out.extend_from_slice(query_param(req.query?, name)?.as_bytes()),
+        KeyPart::Cookie(name) => out.extend_from_slice(cookie(req.headers, name)?),
+        KeyPart::Path => out.extend_from_slice(req.path.as_bytes()),
+        KeyPart::Method => out.extend_from_slice(req.method.as_bytes()),
+        KeyPart::Host => out.extend_from_slice(req.host.as_bytes()),
+        KeyPart::Route => out.extend_from_slice(req.route.as_bytes()),
+        KeyPart::ClientCert => out.extend_from_slice(req.client_cert?.as_bytes()),
+        KeyPart::Consumer => out.extend_from_slice(req.identity.consumer.as_deref()?.as_bytes()),
+        KeyPart::Plan => out.extend_from_slice(req.identity.plan.as_deref()?.as_bytes()),
+        KeyPart::Claim(name) => out.extend_from_slice(req.identity.claim(name)?.as_bytes()),
+    }
     Some(())
 }
 

@@ -73,7 +73,14 @@ pub struct Metrics {
 }
 
 /// The `result` labels of `sluice_auth_total`.
-pub const AUTH_RESULTS: [&str; 6] = ["ok", "anonymous", "missing", "invalid", "banned", "unavailable"];
+pub const AUTH_RESULTS: [&str; 6] = [
+    "ok",
+    "anonymous",
+    "missing",
+    "invalid",
+    "banned",
+    "unavailable",
+];
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
     registry
@@ -393,7 +400,9 @@ impl Metrics {
         }
         for route in config.routes.iter().filter(|r| r.auth != AuthMode::Off) {
             for result in AUTH_RESULTS {
-                self.auth.with_label_values(&[&route.name, result]).inc_by(0);
+                self.auth
+                    .with_label_values(&[&route.name, result])
+                    .inc_by(0);
             }
         }
         for issuer in &config.auth.jwt {
@@ -411,7 +420,10 @@ impl Metrics {
         }
         let Some(previous) = previous else { return };
         for route in &previous.routes {
-            let kept = config.routes.iter().any(|r| r.name == route.name && r.auth != AuthMode::Off);
+            let kept = config
+                .routes
+                .iter()
+                .any(|r| r.name == route.name && r.auth != AuthMode::Off);
             if route.auth != AuthMode::Off && !kept {
                 for result in AUTH_RESULTS {
                     let _ = self.auth.remove_label_values(&[&route.name, result]);
@@ -421,7 +433,9 @@ impl Metrics {
         for issuer in &previous.auth.jwt {
             if !config.auth.jwt.iter().any(|i| i.issuer == issuer.issuer) {
                 let _ = self.jwks_up.remove_label_values(&[&issuer.issuer]);
-                let _ = self.jwks_refresh_timestamp.remove_label_values(&[&issuer.issuer]);
+                let _ = self
+                    .jwks_refresh_timestamp
+                    .remove_label_values(&[&issuer.issuer]);
             }
         }
         for (route, policy) in pairs(previous) {

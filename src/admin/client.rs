@@ -98,9 +98,9 @@ fn request(call: &AdminCall) -> (&'static str, String, String) {
             ("PUT", keyed("overrides", policy, key), body.to_string())
         }
         AdminCall::Consumers => ("GET", "/v1/consumers".to_owned(), String::new()),
-        AdminCall::Consumer { name, delete: true, .. } => {
-            ("DELETE", consumer_path(name, ""), String::new())
-        }
+        AdminCall::Consumer {
+            name, delete: true, ..
+        } => ("DELETE", consumer_path(name, ""), String::new()),
         AdminCall::Consumer { name, plan, .. } => (
             "PUT",
             consumer_path(name, ""),
@@ -113,7 +113,10 @@ fn request(call: &AdminCall) -> (&'static str, String, String) {
             action: KeyAction::Revoke { name, id },
         } => (
             "DELETE",
-            consumer_path(name, &format!("/keys/{}", utf8_percent_encode(id, NON_ALPHANUMERIC))),
+            consumer_path(
+                name,
+                &format!("/keys/{}", utf8_percent_encode(id, NON_ALPHANUMERIC)),
+            ),
             String::new(),
         ),
         AdminCall::Top { policy, n } => (

@@ -18,9 +18,11 @@ pub async fn handle(gateway: &Gateway, call: &Call) -> Answer {
         (&Method::DELETE, [name]) => delete(gateway, name, call).await,
         (&Method::POST, [name, "keys"]) => create_key(gateway, name, call).await,
         (&Method::DELETE, [name, "keys", id]) => revoke_key(gateway, name, id, call).await,
-        (_, [] | [_] | [_, "keys"] | [_, "keys", _]) => {
-            Answer::problem(405, "Method Not Allowed", format!("{} is not served here", call.method))
-        }
+        (_, [] | [_] | [_, "keys"] | [_, "keys", _]) => Answer::problem(
+            405,
+            "Method Not Allowed",
+            format!("{} is not served here", call.method),
+        ),
         _ => Answer::problem(404, "Not Found", "no such admin API call"),
     }
 }
@@ -85,7 +87,9 @@ fn bad_name(name: &str) -> Option<String> {
         return Some("a consumer name uses letters, digits, '_', '-', '.' (at most 128)".into());
     }
     if name == ANONYMOUS {
-        return Some(format!("\"{ANONYMOUS}\" is the plan of requests without a consumer"));
+        return Some(format!(
+            "\"{ANONYMOUS}\" is the plan of requests without a consumer"
+        ));
     }
     if name.parse::<std::net::IpAddr>().is_ok() {
         return Some("a consumer name must not be an IP address".into());
@@ -139,7 +143,11 @@ async fn put(gateway: &Gateway, name: &str, call: &Call) -> Answer {
     };
     match limiter.set_consumer(consumer.clone()).await {
         Ok(()) => {
-            log::info!("admin: {} set consumer {name} (plan {:?})", call.caller, consumer.plan);
+            log::info!(
+                "admin: {} set consumer {name} (plan {:?})",
+                call.caller,
+                consumer.plan
+            );
             Answer::json(200, shown(&consumer))
         }
         Err(e) => unavailable(e),
@@ -152,12 +160,17 @@ async fn delete(gateway: &Gateway, name: &str, call: &Call) -> Answer {
     }
     match gateway.limiter.fresh_consumer(name).await {
         Ok(Some(_)) => {}
-        Ok(None) => return Answer::problem(404, "Not Found", format!("no consumer named {name:?}")),
+        Ok(None) => {
+            return Answer::problem(404, "Not Found", format!("no consumer named {name:?}"))
+        }
         Err(e) => return unavailable(e),
     }
     match gateway.limiter.delete_consumer(name).await {
         Ok(_) => {
-            log::info!("admin: {} deleted consumer {name} and its keys", call.caller);
+            log::info!(
+                "admin: {} deleted consumer {name} and its keys",
+                call.caller
+            );
             Answer::empty()
         }
         Err(e) => unavailable(e),
@@ -192,7 +205,10 @@ async fn create_key(gateway: &Gateway, name: &str, call: &Call) -> Answer {
     });
     match gateway.limiter.set_consumer(consumer).await {
         Ok(()) => {
-            log::info!("admin: {} created key {id} for consumer {name}", call.caller);
+            log::info!(
+                "admin: {} created key {id} for consumer {name}",
+                call.caller
+            );
             Answer::json(201, json!({"id": id, "key": key}))
         }
         Err(e) => unavailable(e),
@@ -205,13 +221,19 @@ async fn revoke_key(gateway: &Gateway, name: &str, id: &str, call: &Call) -> Ans
     }
     let mut consumer = match gateway.limiter.fresh_consumer(name).await {
         Ok(Some(c)) => c,
-        Ok(None) => return Answer::problem(404, "Not Found", format!("no consumer named {name:?}")),
+        Ok(None) => {
+            return Answer::problem(404, "Not Found", format!("no consumer named {name:?}"))
+        }
         Err(e) => return unavailable(e),
     };
     let before = consumer.keys.len();
     consumer.keys.retain(|k| k.id != id);
     if consumer.keys.len() == before {
-        return Answer::problem(404, "Not Found", format!("consumer {name:?} has no key {id:?}"));
+        return Answer::problem(
+            404,
+            "Not Found",
+            format!("consumer {name:?} has no key {id:?}"),
+        );
     }
     match gateway.limiter.set_consumer(consumer).await {
         Ok(()) => {

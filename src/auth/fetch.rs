@@ -30,8 +30,10 @@ pub async fn get(url: &str, max: usize) -> Result<Vec<u8>, String> {
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     let mut req = RequestHeader::build("GET", path.as_bytes(), None).map_err(|e| e.to_string())?;
     let authority = uri.authority().map_or(host.as_str(), |a| a.as_str());
-    req.insert_header("Host", authority).map_err(|e| e.to_string())?;
-    req.insert_header("Accept", "application/json").map_err(|e| e.to_string())?;
+    req.insert_header("Host", authority)
+        .map_err(|e| e.to_string())?;
+    req.insert_header("Accept", "application/json")
+        .map_err(|e| e.to_string())?;
     req.insert_header("User-Agent", concat!("sluice/", env!("CARGO_PKG_VERSION")))
         .map_err(|e| e.to_string())?;
     session

@@ -170,8 +170,17 @@ impl UrlSource {
     }
 
     /// Whether the settings match (then a reload keeps this source and its set).
-    pub fn same(&self, url: &str, allowed: &[Algorithm], refresh: Duration, refetch: Duration) -> bool {
-        self.url == url && self.allowed == allowed && self.refresh == refresh && self.refetch_every == refetch
+    pub fn same(
+        &self,
+        url: &str,
+        allowed: &[Algorithm],
+        refresh: Duration,
+        refetch: Duration,
+    ) -> bool {
+        self.url == url
+            && self.allowed == allowed
+            && self.refresh == refresh
+            && self.refetch_every == refetch
     }
 
     pub fn keys(&self) -> Option<Arc<KeySet>> {
@@ -195,7 +204,8 @@ impl UrlSource {
 
     async fn fetch_once(&self) -> bool {
         let up = self.metrics.jwks_up.with_label_values(&[&self.issuer]);
-        match tokio::time::timeout(FETCH_TIMEOUT, super::fetch::get(&self.url, MAX_DOCUMENT)).await {
+        match tokio::time::timeout(FETCH_TIMEOUT, super::fetch::get(&self.url, MAX_DOCUMENT)).await
+        {
             Ok(Ok(body)) => match KeySet::parse(&body, &self.allowed) {
                 Ok(set) => {
                     self.current.store(Some(Arc::new(set)));

@@ -37,7 +37,12 @@ impl Issuer {
             JwtKeys::Url(url) => {
                 let kept = previous.iter().find(|s| {
                     s.issuer == config.issuer
-                        && s.same(url, &config.algorithms, config.jwks_refresh, config.unknown_kid_refetch)
+                        && s.same(
+                            url,
+                            &config.algorithms,
+                            config.jwks_refresh,
+                            config.unknown_kid_refetch,
+                        )
                 });
                 let source = match kept {
                     Some(s) => s.clone(),
@@ -110,7 +115,9 @@ pub fn verify(token: &str, issuers: &[Issuer]) -> Result<Verified, Failure> {
     let (Some(head), Some(body), Some(_sig), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Err(invalid("malformed token (expected three dot-separated parts)"));
+        return Err(invalid(
+            "malformed token (expected three dot-separated parts)",
+        ));
     };
     let header = segment(head)?;
     let claims = segment(body)?;
@@ -131,7 +138,9 @@ pub fn verify(token: &str, issuers: &[Issuer]) -> Result<Verified, Failure> {
     };
     let cfg = &issuer.config;
     if !cfg.algorithms.contains(&alg) {
-        return Err(invalid(format!("algorithm {alg_name} is not allowed for this issuer")));
+        return Err(invalid(format!(
+            "algorithm {alg_name} is not allowed for this issuer"
+        )));
     }
     // Time claims are JSON numbers (RFC 7519 NumericDate), never strings.
     for name in ["exp", "nbf", "iat"] {
@@ -150,7 +159,8 @@ pub fn verify(token: &str, issuers: &[Issuer]) -> Result<Verified, Failure> {
     validation.set_required_spec_claims(&["exp", "iss", "aud"]);
     validation.validate_nbf = true;
 
-    let check = |key: &DecodingKey| jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation);
+    let check =
+        |key: &DecodingKey| jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation);
     let result = match &issuer.keys {
         Keys::Secret(key) => check(key),
         Keys::Static(set) => first_good(set, alg, kid, check),
@@ -222,7 +232,9 @@ fn reason(kind: &ErrorKind) -> String {
         ErrorKind::InvalidAudience => "wrong audience".into(),
         ErrorKind::InvalidIssuer => "wrong issuer".into(),
         ErrorKind::InvalidSignature => "bad signature".into(),
-        ErrorKind::InvalidKeyFormat => "no key of the issuer's set matches the token's algorithm and key id".into(),
+        ErrorKind::InvalidKeyFormat => {
+            "no key of the issuer's set matches the token's algorithm and key id".into()
+        }
         ErrorKind::InvalidAlgorithm => "algorithm not allowed".into(),
         ErrorKind::MissingRequiredClaim(c) => format!("the token has no `{c}` claim"),
         ErrorKind::InvalidClaimFormat(c) => format!("bad `{c}` claim"),

@@ -103,17 +103,22 @@ const CACHE_SHARDS: usize = 16;
 /// Tokens already verified, by SHA-256, each until its `exp`: a client repeating its
 /// token costs a hash and a lookup, not a signature check.
 struct TokenCache {
-    shards: Vec<Mutex<HashMap<[u8; 32], (Identity, u64)>>>,
+    shards: Vec<Mutex<CacheShard>>,
 }
+
+/// Token digest -> (identity, `exp` in Unix seconds).
+type CacheShard = HashMap<[u8; 32], (Identity, u64)>;
 
 impl TokenCache {
     fn new() -> TokenCache {
         TokenCache {
-            shards: (0..CACHE_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..CACHE_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
         }
     }
 
-    fn shard(&self, digest: &[u8; 32]) -> &Mutex<HashMap<[u8; 32], (Identity, u64)>> {
+    fn shard(&self, digest: &[u8; 32]) -> &Mutex<CacheShard> {
         &self.shards[usize::from(digest[0]) % CACHE_SHARDS]
     }
 
@@ -169,10 +174,12 @@ impl Authenticator {
             runtime,
             issuers,
             cache: TokenCache::new(),
-            failures: config
-                .auth
-                .max_failures
-                .and_then(|_| config.policies.iter().position(|p| p.name == config::AUTH_FAILURES)),
+            failures: config.auth.max_failures.and_then(|_| {
+                config
+                    .policies
+                    .iter()
+                    .position(|p| p.name == config::AUTH_FAILURES)
+            }),
         }
     }
 
@@ -201,20 +208,32 @@ impl Authenticator {
     }
 
     /// Who sent this request, for a route with `mode`.
-    pub fn authenticate(&self, mode: AuthMode, headers: &HeaderMap, query: Option<&str>) -> Outcome {
+    pub fn authenticate(
+        &self,
+        mode: AuthMode,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Outcome {
         if mode == AuthMode::Off {
             return Outcome::Anonymous;
         }
         let mut presented = Presented::default();
-        let api_key = self.settings.api_key.iter().enumerate().find_map(|(i, source)| {
-            let value = match source {
-                KeyPart::Header(name) => headers.get(name.as_str()).map(|v| v.as_bytes().to_vec()),
-                KeyPart::Query(name) => query_value(query?, name),
-                _ => None,
-            }?;
-            presented.api_key = Some(i);
-            Some(value)
-        });
+        let api_key = self
+            .settings
+            .api_key
+            .iter()
+            .enumerate()
+            .find_map(|(i, source)| {
+                let value = match source {
+                    KeyPart::Header(name) => {
+                        headers.get(name.as_str()).map(|v| v.as_bytes().to_vec())
+                    }
+                    KeyPart::Query(name) => query_value(query?, name),
+                    _ => None,
+                }?;
+                presented.api_key = Some(i);
+                Some(value)
+            });
         let bearer = bearer_token(headers);
         presented.bearer = bearer.is_some();
         let from_key = match api_key {
@@ -287,7 +306,8 @@ impl Authenticator {
             plan,
             claims: Some(Arc::new(verified.claims)),
         };
-        self.cache.insert(digest, identity.clone(), verified.exp, now_s);
+        self.cache
+            .insert(digest, identity.clone(), verified.exp, now_s);
         Ok(identity)
     }
 }
@@ -326,13 +346,25 @@ mod tests {
     #[test]
     fn bearer_tokens_and_query_keys_are_read_as_sent() {
         let mut h = HeaderMap::new();
-        h.insert("authorization", http::HeaderValue::from_static("bearer abc.def.ghi"));
+        h.insert(
+            "authorization",
+            http::HeaderValue::from_static("bearer abc.def.ghi"),
+        );
         assert_eq!(bearer_token(&h), Some("abc.def.ghi"));
-        h.insert("authorization", http::HeaderValue::from_static("Basic dXNlcjpwYXNz"));
+        h.insert(
+            "authorization",
+            http::HeaderValue::from_static("Basic dXNlcjpwYXNz"),
+        );
         assert_eq!(bearer_token(&h), None);
-        assert_eq!(query_value("a=1&api_key=sk%5F1&b", "api_key"), Some(b"sk_1".to_vec()));
+        assert_eq!(
+            query_value("a=1&api_key=sk%5F1&b", "api_key"),
+            Some(b"sk_1".to_vec())
+        );
         assert_eq!(query_value("a=1", "api_key"), None);
-        assert_eq!(query_without("a=1&api_key=x&b", "api_key").as_deref(), Some("a=1&b"));
+        assert_eq!(
+            query_without("a=1&api_key=x&b", "api_key").as_deref(),
+            Some("a=1&b")
+        );
         assert_eq!(query_without("api_key=x", "api_key"), None);
     }
 }

@@ -3,8 +3,8 @@
 
 use jsonwebtoken::crypto::{CryptoProvider, JwtSigner, JwtVerifier, KeyUtils};
 use jsonwebtoken::errors::{Error, ErrorKind};
-use jsonwebtoken::{Algorithm, DecodingKey, DecodingKeyKind, EncodingKey};
 use jsonwebtoken::signature;
+use jsonwebtoken::{Algorithm, DecodingKey, DecodingKeyKind, EncodingKey};
 use ring::signature::{self as sig, KeyPair};
 
 /// Installs the ring provider for this process (idempotent).
@@ -120,7 +120,10 @@ impl JwtVerifier for Verifier {
 
 /// A verifier only for a key of the algorithm's own family: an HMAC token is never
 /// checked with a public key as its secret.
-fn verifier(alg: &Algorithm, key: &DecodingKey) -> jsonwebtoken::errors::Result<Box<dyn JwtVerifier>> {
+fn verifier(
+    alg: &Algorithm,
+    key: &DecodingKey,
+) -> jsonwebtoken::errors::Result<Box<dyn JwtVerifier>> {
     if key.family() != alg.family() {
         return Err(Error::from(ErrorKind::InvalidAlgorithm));
     }
@@ -159,7 +162,8 @@ impl signature::Signer<Vec<u8>> for Signer {
                 Ok(pair.sign(&rng, msg).map_err(bad)?.as_ref().to_vec())
             }
             Scheme::Ed25519 => {
-                let pair = sig::Ed25519KeyPair::from_pkcs8_maybe_unchecked(&self.key).map_err(bad)?;
+                let pair =
+                    sig::Ed25519KeyPair::from_pkcs8_maybe_unchecked(&self.key).map_err(bad)?;
                 let _ = pair.public_key();
                 Ok(pair.sign(msg).as_ref().to_vec())
             }

@@ -27,7 +27,13 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
             .filter_map(|s| match key_part(p, s, "api_key") {
                 Some(part @ (KeyPart::Header(_) | KeyPart::Query(_))) => Some(part),
                 Some(_) => {
-                    p.at(&s.span, format!("`api_key`: \"{}\" is not a header:NAME or query:NAME source", s.value));
+                    p.at(
+                        &s.span,
+                        format!(
+                            "`api_key`: \"{}\" is not a header:NAME or query:NAME source",
+                            s.value
+                        ),
+                    );
                     None
                 }
                 None => None,
@@ -39,7 +45,10 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
     let header = |key: &str, default: String| match t.string(key) {
         Some(s) if valid_header_name(&s.value) => s.value.to_ascii_lowercase(),
         Some(s) => {
-            p.at(&s.span, format!("`{key}`: \"{}\" is not a valid header name", s.value));
+            p.at(
+                &s.span,
+                format!("`{key}`: \"{}\" is not a valid header name", s.value),
+            );
             default
         }
         None => default,
@@ -54,7 +63,13 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
             if valid_header_name(&s.value) {
                 Some(s.value.to_ascii_lowercase())
             } else {
-                p.at(&s.span, format!("`strip_headers`: \"{}\" is not a valid header name", s.value));
+                p.at(
+                    &s.span,
+                    format!(
+                        "`strip_headers`: \"{}\" is not a valid header name",
+                        s.value
+                    ),
+                );
                 None
             }
         })
@@ -71,7 +86,14 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
                         Node::Table(entries) => entries.iter().find(|(k, _)| k.value == "issuer"),
                         _ => None,
                     };
-                    if let Some((_, Spanned { value: Node::Str(name), span })) = named {
+                    if let Some((
+                        _,
+                        Spanned {
+                            value: Node::Str(name),
+                            span,
+                        },
+                    )) = named
+                    {
                         if !seen.insert(name.clone()) {
                             p.at(span, format!("duplicate issuer \"{name}\""));
                         }
@@ -80,7 +102,13 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
                 items.iter().filter_map(|i| issuer(p, i, dir)).collect()
             }
             other => {
-                p.at(&node.span, format!("`jwt` must be an array of tables ([[auth.jwt]]), found {}", other.kind()));
+                p.at(
+                    &node.span,
+                    format!(
+                        "`jwt` must be an array of tables ([[auth.jwt]]), found {}",
+                        other.kind()
+                    ),
+                );
                 Vec::new()
             }
         },
@@ -106,8 +134,12 @@ fn max_failures(p: &Problems, node: &Spanned<Node>) -> Option<MaxFailures> {
     let limit = t
         .required("limit")
         .and_then(|_| t.int("limit", 1..=1_000_000));
-    let period = t.required("period").map(|_| t.positive_duration("period", Duration::from_secs(60)));
-    let ban = t.required("ban").map(|_| t.positive_duration("ban", Duration::from_secs(60)));
+    let period = t
+        .required("period")
+        .map(|_| t.positive_duration("period", Duration::from_secs(60)));
+    let ban = t
+        .required("ban")
+        .map(|_| t.positive_duration("ban", Duration::from_secs(60)));
     t.finish();
     Some(MaxFailures {
         limit: NonZeroU64::new(limit?.value as u64)?,
@@ -139,7 +171,8 @@ pub(super) fn failures_policy(max: MaxFailures) -> Policy {
     }
 }
 
-const ALGORITHMS: &str = "RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512";
+const ALGORITHMS: &str =
+    "RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512";
 
 fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
     use jsonwebtoken::Algorithm as A;
@@ -150,7 +183,10 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
     }
     let audiences = t.required("audiences").and_then(|_| t.strings("audiences"));
     if audiences.as_ref().is_some_and(Vec::is_empty) {
-        p.at(&t.key_span("audiences"), "`audiences` needs at least one audience");
+        p.at(
+            &t.key_span("audiences"),
+            "`audiences` needs at least one audience",
+        );
     }
     let algorithms: Vec<(Spanned<String>, A)> = t
         .required("algorithms")
@@ -165,13 +201,24 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
                 } else {
                     "unknown algorithm"
                 };
-                p.at(&s.span, format!("`algorithms`: \"{}\": {why} (expected {ALGORITHMS})", s.value));
+                p.at(
+                    &s.span,
+                    format!(
+                        "`algorithms`: \"{}\": {why} (expected {ALGORITHMS})",
+                        s.value
+                    ),
+                );
                 None
             }
         })
         .collect();
-    if t.get("algorithms").is_some_and(|n| matches!(&n.value, Node::Array(a) if a.is_empty())) {
-        p.at(&t.key_span("algorithms"), "`algorithms` needs at least one algorithm");
+    if t.get("algorithms")
+        .is_some_and(|n| matches!(&n.value, Node::Array(a) if a.is_empty()))
+    {
+        p.at(
+            &t.key_span("algorithms"),
+            "`algorithms` needs at least one algorithm",
+        );
     }
     let hmac = |a: &A| matches!(a, A::HS256 | A::HS384 | A::HS512);
     let sources: Vec<&str> = ["jwks_file", "jwks_url", "secret_file"]
@@ -180,7 +227,10 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
         .collect();
     if sources.len() != 1 {
         let at = sources.get(1).map_or(t.span.clone(), |k| t.key_span(k));
-        p.at(&at, "an issuer takes exactly one of `jwks_file`, `jwks_url` and `secret_file`");
+        p.at(
+            &at,
+            "an issuer takes exactly one of `jwks_file`, `jwks_url` and `secret_file`",
+        );
     }
     let allowed: Vec<A> = algorithms.iter().map(|(_, a)| *a).collect();
     let keys = match sources.first().copied() {
@@ -188,21 +238,28 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
             for (s, _) in algorithms.iter().filter(|(_, a)| !hmac(a)) {
                 p.at(&s.span, format!("`algorithms`: {} needs a public key (jwks_file or jwks_url), not `secret_file`", s.value));
             }
-            t.string("secret_file").and_then(|s| match std::fs::read(dir.join(&s.value)) {
-                Ok(mut bytes) => {
-                    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                        bytes.pop();
+            t.string("secret_file")
+                .and_then(|s| match std::fs::read(dir.join(&s.value)) {
+                    Ok(mut bytes) => {
+                        while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                            bytes.pop();
+                        }
+                        if bytes.len() < 32 {
+                            p.at(
+                                &s.span,
+                                "`secret_file`: an HMAC secret needs at least 32 bytes",
+                            );
+                        }
+                        Some(JwtKeys::Secret(bytes))
                     }
-                    if bytes.len() < 32 {
-                        p.at(&s.span, "`secret_file`: an HMAC secret needs at least 32 bytes");
+                    Err(e) => {
+                        p.at(
+                            &s.span,
+                            format!("`secret_file`: cannot read {}: {e}", s.value),
+                        );
+                        None
                     }
-                    Some(JwtKeys::Secret(bytes))
-                }
-                Err(e) => {
-                    p.at(&s.span, format!("`secret_file`: cannot read {}: {e}", s.value));
-                    None
-                }
-            })
+                })
         }
         Some(source) => {
             for (s, _) in algorithms.iter().filter(|(_, a)| hmac(a)) {
@@ -230,7 +287,9 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
     let duration = |key: &str, default: u64| t.positive_duration(key, Duration::from_secs(default));
     let jwks_refresh = duration("jwks_refresh", 600);
     let unknown_kid_refetch = duration("unknown_kid_refetch", 30);
-    let leeway = t.duration("leeway").map_or(Duration::from_secs(60), |d| d.value);
+    let leeway = t
+        .duration("leeway")
+        .map_or(Duration::from_secs(60), |d| d.value);
     let consumer_claim = t.string("consumer_claim").map_or("sub".into(), |s| s.value);
     let plan_claim = t.string("plan_claim").map(|s| s.value);
     t.finish();
@@ -265,7 +324,13 @@ fn jwks_url(p: &Problems, s: &Spanned<String>) -> Option<JwtKeys> {
             }
         }
         _ => {
-            p.at(&s.span, format!("`jwks_url`: \"{}\" must be an http:// or https:// URL", s.value));
+            p.at(
+                &s.span,
+                format!(
+                    "`jwks_url`: \"{}\" must be an http:// or https:// URL",
+                    s.value
+                ),
+            );
             return None;
         }
     }
@@ -275,10 +340,19 @@ fn jwks_url(p: &Problems, s: &Spanned<String>) -> Option<JwtKeys> {
 /// `[[consumers]]` entries (of the config, or of a consumer file).
 pub(super) fn consumers(p: &Problems, node: &Spanned<Node>, seen: &mut Seen) -> Vec<Consumer> {
     let Node::Array(items) = &node.value else {
-        p.at(&node.span, format!("`consumers` must be an array of tables ([[consumers]]), found {}", node.value.kind()));
+        p.at(
+            &node.span,
+            format!(
+                "`consumers` must be an array of tables ([[consumers]]), found {}",
+                node.value.kind()
+            ),
+        );
         return Vec::new();
     };
-    items.iter().filter_map(|item| consumer(p, item, seen)).collect()
+    items
+        .iter()
+        .filter_map(|item| consumer(p, item, seen))
+        .collect()
 }
 
 fn consumer(p: &Problems, node: &Spanned<Node>, seen: &mut Seen) -> Option<Consumer> {
@@ -289,7 +363,10 @@ fn consumer(p: &Problems, node: &Spanned<Node>, seen: &mut Seen) -> Option<Consu
         if n.value == ANONYMOUS {
             p.at(&n.span, format!("\"{ANONYMOUS}\" is the plan of requests without a consumer; no consumer may be named so"));
         } else if n.value.parse::<std::net::IpAddr>().is_ok() {
-            p.at(&n.span, "a consumer name must not be an IP address (anonymous clients are keyed by theirs)");
+            p.at(
+                &n.span,
+                "a consumer name must not be an IP address (anonymous clients are keyed by theirs)",
+            );
         } else if !seen.names.insert(n.value.clone()) {
             p.at(&n.span, format!("duplicate consumer name \"{}\"", n.value));
         }
@@ -297,7 +374,10 @@ fn consumer(p: &Problems, node: &Spanned<Node>, seen: &mut Seen) -> Option<Consu
     let plan = t.string("plan");
     if let Some(s) = &plan {
         if s.value.is_empty() || s.value == ANONYMOUS {
-            p.at(&s.span, format!("`plan` must be a name other than \"{ANONYMOUS}\""));
+            p.at(
+                &s.span,
+                format!("`plan` must be a name other than \"{ANONYMOUS}\""),
+            );
         }
     }
     let mut keys = Vec::new();
@@ -328,13 +408,20 @@ fn consumer(p: &Problems, node: &Spanned<Node>, seen: &mut Seen) -> Option<Consu
 /// Reads the `[[consumers]]` of every file matching `consumer_files` (a `*` in a file name
 /// matches any characters), from the config's directory; their problems are located in
 /// their own files.
-pub(super) fn consumer_files(p: &Problems, node: &Spanned<Node>, dir: &Path, seen: &mut Seen) -> Vec<Consumer> {
+pub(super) fn consumer_files(
+    p: &Problems,
+    node: &Spanned<Node>,
+    dir: &Path,
+    seen: &mut Seen,
+) -> Vec<Consumer> {
     let Node::Array(patterns) = &node.value else {
         return Vec::new();
     };
     let mut out = Vec::new();
     for pattern in patterns {
-        let Node::Str(text) = &pattern.value else { continue };
+        let Node::Str(text) = &pattern.value else {
+            continue;
+        };
         let files = match expand(&dir.join(text)) {
             Ok(files) => files,
             Err(e) => {
@@ -347,7 +434,10 @@ pub(super) fn consumer_files(p: &Problems, node: &Spanned<Node>, dir: &Path, see
             let body = match std::fs::read_to_string(&file) {
                 Ok(b) => b,
                 Err(e) => {
-                    p.at(&pattern.span, format!("`consumer_files`: cannot read {name}: {e}"));
+                    p.at(
+                        &pattern.span,
+                        format!("`consumer_files`: cannot read {name}: {e}"),
+                    );
                     continue;
                 }
             };
@@ -377,7 +467,8 @@ fn expand(pattern: &Path) -> Result<Vec<std::path::PathBuf>, String> {
         return Ok(vec![pattern.to_path_buf()]);
     }
     let parent = pattern.parent().unwrap_or(Path::new("."));
-    let entries = std::fs::read_dir(parent).map_err(|e| format!("cannot list {}: {e}", parent.display()))?;
+    let entries =
+        std::fs::read_dir(parent).map_err(|e| format!("cannot list {}: {e}", parent.display()))?;
     let pieces: Vec<&str> = name.split('*').collect();
     let mut files: Vec<_> = entries
         .filter_map(|e| e.ok())
@@ -417,7 +508,9 @@ mod tests {
     #[test]
     fn wildcards_match_any_characters() {
         let p = |s: &str| s.split('*').map(str::to_owned).collect::<Vec<_>>();
-        let m = |pat: &str, name: &str| wildcard(&p(pat).iter().map(String::as_str).collect::<Vec<_>>(), name);
+        let m = |pat: &str, name: &str| {
+            wildcard(&p(pat).iter().map(String::as_str).collect::<Vec<_>>(), name)
+        };
         assert!(m("*.toml", "acme.toml"));
         assert!(!m("*.toml", "acme.toml.bak"));
         assert!(m("team-*-prod.toml", "team-a-prod.toml"));

@@ -140,7 +140,11 @@ impl<'a> Table<'a> {
     }
 
     /// An integer within `range`.
-    pub(super) fn int(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> Option<Spanned<i64>> {
+    pub(super) fn int(
+        &self,
+        key: &str,
+        range: std::ops::RangeInclusive<i64>,
+    ) -> Option<Spanned<i64>> {
         let node = self.get(key)?;
         match node.value {
             Node::Int(i) if range.contains(&i) => Some(Spanned {

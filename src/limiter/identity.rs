@@ -33,7 +33,12 @@ impl Limiter {
     /// Counts one invalid credential from the request's address against `policies[id]`
     /// (the `auth_failures` policy). When that was the last the window allows, the address
     /// is banned now, on every instance: returns the ban's length in ms.
-    pub async fn auth_failed(&self, policies: &[Policy], id: usize, req: &RequestFacts<'_>) -> Option<u64> {
+    pub async fn auth_failed(
+        &self,
+        policies: &[Policy],
+        id: usize,
+        req: &RequestFacts<'_>,
+    ) -> Option<u64> {
         let policy = &policies[id];
         // Route usize::MAX: counted in sluice_auth_total, not under any route's decisions.
         let first = self.decide(usize::MAX, policies, &[id], req).await;
@@ -59,8 +64,14 @@ impl Limiter {
         if self.backend.shared() {
             let channel = runtime::channel_name(&self.settings.key_prefix);
             let message = format!("{}{until} {key}", runtime::BAN);
-            if let Err(e) = self.bounded(self.backend.announce(&channel, &message)).await {
-                log::warn!("max_failures: announcing the ban of {} failed: {e}", req.client_ip);
+            if let Err(e) = self
+                .bounded(self.backend.announce(&channel, &message))
+                .await
+            {
+                log::warn!(
+                    "max_failures: announcing the ban of {} failed: {e}",
+                    req.client_ip
+                );
             }
         }
         Some(ban_ms)
@@ -83,7 +94,8 @@ impl Limiter {
     pub async fn delete_consumer(&self, name: &str) -> Result<bool, BackendError> {
         if self.backend.shared() {
             let hash = consumers::hash_name(&self.settings.key_prefix);
-            self.bounded(self.backend.hash_write(&hash, name, None)).await?;
+            self.bounded(self.backend.hash_write(&hash, name, None))
+                .await?;
         }
         let had = self.shared.consumers.remove(name);
         self.announce_consumers().await?;
@@ -92,7 +104,10 @@ impl Limiter {
 
     /// The runtime consumer `name` as the fleet has it now (re-read from a shared backend,
     /// so a change made through another instance is never overwritten with a stale copy).
-    pub async fn fresh_consumer(&self, name: &str) -> Result<Option<RuntimeConsumer>, BackendError> {
+    pub async fn fresh_consumer(
+        &self,
+        name: &str,
+    ) -> Result<Option<RuntimeConsumer>, BackendError> {
         if self.backend.shared() {
             let hash = consumers::hash_name(&self.settings.key_prefix);
             let shared = self.shared.clone();

@@ -63,6 +63,9 @@ mod tests {
     use super::*;
     use http::{HeaderMap, HeaderValue};
 
+    static ANONYMOUS: std::sync::LazyLock<crate::auth::Identity> =
+        std::sync::LazyLock::new(crate::auth::Identity::anonymous);
+
     fn facts<'a>(headers: &'a HeaderMap, ip: &str) -> RequestFacts<'a> {
         RequestFacts {
             client_ip: ip.parse().expect("test IP"),
@@ -73,7 +76,7 @@ mod tests {
             headers,
             route: "api",
             client_cert: None,
-            identity: &crate::auth::Identity::anonymous(),
+            identity: &ANONYMOUS,
         }
     }
 

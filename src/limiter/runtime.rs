@@ -183,7 +183,11 @@ pub const RESET: &str = "reset ";
 pub const BAN: &str = "ban ";
 
 /// Reads the fleet's runtime consumers into `shared`.
-pub async fn reload_consumers(shared: &Shared, backend: &dyn Backend, hash: &str) -> Result<(), String> {
+pub async fn reload_consumers(
+    shared: &Shared,
+    backend: &dyn Backend,
+    hash: &str,
+) -> Result<(), String> {
     let entries = backend.hash_read(hash).await.map_err(|e| e.to_string())?;
     let mut list = Vec::with_capacity(entries.len());
     for (field, value) in entries {

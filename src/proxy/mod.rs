@@ -529,7 +529,10 @@ impl Proxy {
         let grpc = response::is_grpc(&session.req_header().headers);
         let failures = gateway.auth.failures_policy();
         if let Some(id) = failures {
-            if let Some(ms) = gateway.limiter.auth_banned(&config.policies[id], ctx.client_ip) {
+            if let Some(ms) = gateway
+                .limiter
+                .auth_banned(&config.policies[id], ctx.client_ip)
+            {
                 counted("banned");
                 let denial = crate::limiter::Denial::Limited {
                     status: config.policies[id].status,
@@ -567,7 +570,11 @@ impl Proxy {
                         client_cert: None,
                         identity: &ctx.identity,
                     };
-                    if let Some(ms) = gateway.limiter.auth_failed(&config.policies, id, &facts).await {
+                    if let Some(ms) = gateway
+                        .limiter
+                        .auth_failed(&config.policies, id, &facts)
+                        .await
+                    {
                         log::info!(
                             "max_failures: {} banned for {}s after repeated invalid credentials",
                             ctx.client_ip,
@@ -603,7 +610,14 @@ async fn write_denial(
     let (status, extra, body) = response::denial(denial);
     let mut headers = rate_headers.to_vec();
     headers.extend(extra);
-    write_response(session, status, &headers, response::PROBLEM, Bytes::from(body)).await
+    write_response(
+        session,
+        status,
+        &headers,
+        response::PROBLEM,
+        Bytes::from(body),
+    )
+    .await
 }
 
 /// What the upstream is told of the consumer: the client's own copies of the identity

@@ -88,14 +88,23 @@ pub fn auth_refusal(refusal: &AuthRefusal) -> (u16, Vec<(&'static str, String)>,
         AuthRefusal::Missing => (
             401,
             vec![("WWW-Authenticate", REALM.to_owned())],
-            problem(401, "Unauthorized", "no credentials: send an API key or a bearer token"),
+            problem(
+                401,
+                "Unauthorized",
+                "no credentials: send an API key or a bearer token",
+            ),
         ),
         AuthRefusal::Invalid(why) => (
             401,
-            vec![("WWW-Authenticate", format!("{REALM}, error=\"invalid_token\""))],
+            vec![(
+                "WWW-Authenticate",
+                format!("{REALM}, error=\"invalid_token\""),
+            )],
             problem(401, "Unauthorized", why),
         ),
-        AuthRefusal::Unavailable(why) => (503, Vec::new(), problem(503, "Service Unavailable", why)),
+        AuthRefusal::Unavailable(why) => {
+            (503, Vec::new(), problem(503, "Service Unavailable", why))
+        }
     }
 }
 
