@@ -32,11 +32,15 @@ pub struct Identity {
     pub claims: Option<Arc<Map<String, Value>>>,
 }
 
+/// Shared by every anonymous request: no allocation per request.
+static ANONYMOUS_PLAN: std::sync::LazyLock<Arc<str>> =
+    std::sync::LazyLock::new(|| Arc::from(ANONYMOUS));
+
 impl Identity {
     pub fn anonymous() -> Identity {
         Identity {
             consumer: None,
-            plan: Some(ANONYMOUS.into()),
+            plan: Some(ANONYMOUS_PLAN.clone()),
             claims: None,
         }
     }
