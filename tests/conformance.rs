@@ -1484,3 +1484,112 @@ async fn cluster_bans_across_slots_match() {
     }
     assert!(banned > 5, "the ban never held across slots ({banned})");
 }
+
+/// DESIGN §11 on both backends, through the limiter layer: `max_failures` bans an address
+/// at the same invalid credential (the `limit`-th), for the same time, and a policy keyed on
+/// the consumer with `on_missing = "client_ip"` counts verified consumers by name and
+/// anonymous clients by address alike.
+#[tokio::test]
+async fn auth_failure_bans_and_consumer_keys_match() {
+    use sluice::auth::Identity;
+    use sluice::key::RequestFacts;
+    use sluice::limiter::clock::ManualClock;
+    use sluice::limiter::Limiter;
+    use sluice::metrics::Metrics;
+
+    let server = RedisServer::start();
+    let config = |backend: &str| {
+        let text = format!(
+            "[server]\nlisten = [\"127.0.0.1:8080\"]\n[limiter]\n{backend}\nclock = \"local\"\n\
+             deny_cache = 0\n[auth]\nmax_failures = {{ limit = 3, period = \"1m\", ban = \"30s\" }}\n\
+             [policies.per_consumer]\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1m\"\n\
+             key = [\"consumer\"]\non_missing = \"client_ip\"\n[[routes]]\nname = \"r\"\n\
+             auth = \"optional\"\nrespond = {{ status = 200 }}\npolicies = [\"per_consumer\"]\n"
+        );
+        sluice::config::parse("t.toml", &text).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let memory = config("backend = \"memory\"");
+    let redis = config(&format!("backend = \"redis\"\nurl = \"{}\"", server.url()));
+    let start = wall_ms();
+    let mut outcomes: Vec<Vec<String>> = Vec::new();
+    for cfg in [&memory, &redis] {
+        let clock = Arc::new(ManualClock::new(start));
+        let limiter = Limiter::new(cfg, None, &[], clock.clone(), Arc::new(Metrics::new()))
+            .await
+            .expect("limiter");
+        let failures = cfg
+            .policies
+            .iter()
+            .position(|p| p.name == "auth_failures")
+            .expect("max_failures adds its policy");
+        let headers = http::HeaderMap::new();
+        let acme = Identity {
+            consumer: Some("acme".into()),
+            plan: Some("free".into()),
+            claims: None,
+        };
+        let anonymous = Identity::anonymous();
+        let facts = |ip: &str, identity| RequestFacts {
+            client_ip: ip.parse().expect("test IP"),
+            method: "GET",
+            host: "",
+            path: "/",
+            query: None,
+            headers: &headers,
+            route: "r",
+            client_cert: None,
+            identity,
+        };
+        let mut seen = Vec::new();
+        // Three invalid credentials from one address: the third bans it.
+        for i in 0..4 {
+            clock.set(start + i * 10);
+            let ban = limiter
+                .auth_failed(&cfg.policies, failures, &facts("203.0.113.9", &anonymous))
+                .await;
+            seen.push(format!("failure {i}: ban {ban:?}"));
+        }
+        // The same address is refused before any credential; another is not.
+        let banned =
+            |ip: &str| limiter.auth_banned(&cfg.policies[failures], ip.parse().expect("IP"));
+        seen.push(format!("banned: {}", banned("203.0.113.9").is_some()));
+        seen.push(format!(
+            "other banned: {}",
+            banned("203.0.113.10").is_some()
+        ));
+        // Two per consumer, two per anonymous address, each counted apart.
+        for (ip, identity) in [
+            ("198.51.100.1", &acme),
+            ("198.51.100.2", &acme),
+            ("198.51.100.1", &anonymous),
+            ("198.51.100.1", &acme),
+            ("198.51.100.1", &anonymous),
+            ("198.51.100.2", &anonymous),
+            ("198.51.100.1", &anonymous),
+        ] {
+            let outcome = limiter
+                .decide(0, &cfg.policies, &[0], &facts(ip, identity))
+                .await;
+            let v = outcome.policies[0].verdict.expect("decided");
+            seen.push(format!(
+                "{ip} {:?}: {} {}",
+                identity.consumer, v.allowed, v.remaining
+            ));
+        }
+        outcomes.push(seen);
+    }
+    assert_eq!(outcomes[0], outcomes[1], "memory and Redis differ");
+    let seen = &outcomes[0];
+    // The ban comes with the limit-th failure and lasts 30 s.
+    assert_eq!(seen[0], "failure 0: ban None");
+    assert_eq!(seen[1], "failure 1: ban None");
+    assert!(seen[2].starts_with("failure 2: ban Some("), "{seen:?}");
+    assert_eq!(seen[4], "banned: true");
+    assert_eq!(seen[5], "other banned: false");
+    let allowed: Vec<bool> = seen[6..].iter().map(|s| s.contains(": true ")).collect();
+    assert_eq!(
+        allowed,
+        [true, true, true, false, true, true, false],
+        "{seen:?}"
+    );
+}
