@@ -241,3 +241,163 @@ fn reason(kind: &ErrorKind) -> String {
         _ => "malformed token".into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{EncodingKey, Header};
+    use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+    use serde_json::json;
+    use std::time::Duration;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn now() -> u64 {
+        crate::limiter::runtime::unix_ms() / 1000
+    }
+
+    fn issuer(keys: Keys, algorithms: Vec<Algorithm>) -> Issuer {
+        Issuer {
+            config: JwtIssuer {
+                issuer: "https://idp.test/".into(),
+                audiences: vec!["api".into()],
+                algorithms,
+                keys: JwtKeys::Secret(Vec::new()),
+                jwks_refresh: Duration::from_secs(600),
+                unknown_kid_refetch: Duration::from_secs(30),
+                leeway: Duration::from_secs(60),
+                consumer_claim: "sub".into(),
+                plan_claim: Some("plan".into()),
+            },
+            keys,
+        }
+    }
+
+    fn claims() -> Value {
+        json!({"iss": "https://idp.test/", "aud": "api", "sub": "acme", "plan": "gold", "exp": now() + 600})
+    }
+
+    fn hs256(claims: &Value) -> String {
+        super::super::ring_provider::install();
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            claims,
+            &EncodingKey::from_secret(SECRET),
+        )
+        .expect("sign")
+    }
+
+    fn with(f: impl FnOnce(&mut Value)) -> Value {
+        let mut c = claims();
+        f(&mut c);
+        c
+    }
+
+    fn invalid_because(token: &str, issuers: &[Issuer], word: &str) {
+        match verify(token, issuers) {
+            Err(Failure::Invalid(why)) => assert!(why.contains(word), "{why:?} lacks {word:?}"),
+            other => panic!("expected invalid ({word}), got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hmac_tokens_check_every_claim() {
+        let hs = [issuer(
+            Keys::Secret(DecodingKey::from_secret(SECRET)),
+            vec![Algorithm::HS256],
+        )];
+        let ok = verify(&hs256(&claims()), &hs).expect("valid");
+        assert_eq!(
+            (ok.consumer.as_str(), ok.plan.as_deref()),
+            ("acme", Some("gold"))
+        );
+        invalid_because(
+            &hs256(&with(|c| c["exp"] = json!(now() - 120))),
+            &hs,
+            "expired",
+        );
+        // Within leeway (60 s).
+        assert!(verify(&hs256(&with(|c| c["exp"] = json!(now() - 10))), &hs).is_ok());
+        invalid_because(
+            &hs256(&with(|c| c["nbf"] = json!(now() + 600))),
+            &hs,
+            "not yet valid",
+        );
+        invalid_because(
+            &hs256(&with(|c| c["aud"] = json!("other"))),
+            &hs,
+            "audience",
+        );
+        invalid_because(
+            &hs256(&with(|c| c["iss"] = json!("https://evil.test/"))),
+            &hs,
+            "issuer",
+        );
+        invalid_because(
+            &hs256(&with(|c| c["exp"] = json!("9999999999"))),
+            &hs,
+            "number",
+        );
+        invalid_because(
+            &hs256(&with(|c| drop(c.as_object_mut().map(|m| m.remove("exp"))))),
+            &hs,
+            "exp",
+        );
+        // A payload altered after signing.
+        let token = hs256(&claims());
+        let parts: Vec<&str> = token.split('.').collect();
+        let forged = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(serde_json::to_vec(&with(|c| c["plan"] = json!("platinum"))).expect("json"));
+        invalid_because(
+            &format!("{}.{forged}.{}", parts[0], parts[2]),
+            &hs,
+            "signature",
+        );
+        // alg none, unsigned.
+        let none = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(br#"{"alg":"none"}"#);
+        invalid_because(&format!("{none}.{}.", parts[1]), &hs, "none");
+    }
+
+    #[test]
+    fn public_key_issuers_refuse_hmac_tokens_and_other_keys() {
+        super::super::ring_provider::install();
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 =
+            EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("key");
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .expect("key");
+        let point = pair.public_key().as_ref();
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let jwks = json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "k1",
+            "x": b64(&point[1..33]), "y": b64(&point[33..])}]});
+        let set = KeySet::parse(jwks.to_string().as_bytes(), &[Algorithm::ES256]).expect("set");
+        let es = [issuer(Keys::Static(Arc::new(set)), vec![Algorithm::ES256])];
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some("k1".into());
+        let token = jsonwebtoken::encode(
+            &header,
+            &claims(),
+            &EncodingKey::from_ec_der(pkcs8.as_ref()),
+        )
+        .expect("sign");
+        assert_eq!(verify(&token, &es).expect("valid").consumer, "acme");
+        // An HMAC token for this issuer, signed with its public key as the secret.
+        let confused = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims(),
+            &EncodingKey::from_secret(point),
+        )
+        .expect("sign");
+        invalid_because(&confused, &es, "not allowed");
+        // Another key's signature, under the same kid.
+        let other =
+            EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("key");
+        let forged = jsonwebtoken::encode(
+            &header,
+            &claims(),
+            &EncodingKey::from_ec_der(other.as_ref()),
+        )
+        .expect("sign");
+        invalid_because(&forged, &es, "signature");
+    }
+}
