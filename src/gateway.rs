@@ -12,10 +12,13 @@ use crate::limiter::clock::Clock;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::proxy::upstream::{self, spawn_health_checks, Pool};
+use crate::routing::RouteIndex;
 use crate::tls::Certificates;
 
 pub struct Gateway {
     pub config: Config,
+    /// `config.routes`, indexed: which route a request belongs to.
+    pub routes: RouteIndex,
     /// Aligned with `config.upstreams`.
     pub pools: Vec<Arc<Pool>>,
     pub limiter: Limiter,
@@ -66,6 +69,7 @@ impl Gateway {
         tls.update(&config, &metrics);
         metrics.prime(&config, previous.map(|p| &p.config), limiter.backend_name());
         Ok(Gateway {
+            routes: RouteIndex::new(&config.routes),
             config,
             pools,
             limiter,

@@ -201,7 +201,7 @@ impl ProxyHttp for Proxy {
         );
 
         let grpc = response::is_grpc(&req.headers);
-        let Some(route_id) = routing::match_route(&config.routes, &host, &path, &method) else {
+        let Some(route_id) = gateway.routes.find(&config.routes, &host, &path, &method) else {
             if grpc {
                 let status = response::grpc_status(response::GrpcStatus::Unimplemented, "no route");
                 write_grpc(session, &status).await?;

@@ -1,0 +1,222 @@
+//! The route index (DESIGN §16): the answer of the first-match scan, at a cost that does not
+//! grow with the number of routes. Exact hosts and paths by hash; wildcard hosts and path
+//! prefixes by one hash lookup per distinct suffix or prefix length; regexes only when no
+//! earlier route can match.
+
+use std::collections::HashMap;
+
+use crate::config::{HostMatch, PathMatch, Route};
+
+/// Route ids (positions in the config), ascending: the first that fits is the answer.
+type Ids = Vec<u32>;
+
+/// Routes sharing one host matcher, by their path matcher.
+#[derive(Default)]
+struct PathIndex {
+    exact: HashMap<Box<str>, Ids>,
+    prefixes: HashMap<Box<str>, Ids>,
+    /// The distinct lengths of `prefixes`, ascending.
+    prefix_lengths: Vec<usize>,
+    any: Ids,
+    regex: Ids,
+}
+
+impl PathIndex {
+    fn add(&mut self, id: u32, path: &PathMatch) {
+        match path {
+            PathMatch::Any => self.any.push(id),
+            PathMatch::Exact(p) => push(self.exact.entry(p.as_str().into()).or_default(), id),
+            PathMatch::Prefix(p) => {
+                push(self.prefixes.entry(p.as_str().into()).or_default(), id);
+                if let Err(at) = self.prefix_lengths.binary_search(&p.len()) {
+                    self.prefix_lengths.insert(at, p.len());
+                }
+            }
+            PathMatch::Regex(_) => self.regex.push(id),
+        }
+    }
+
+    /// Lowers `best` to the first route of this index that fits `path` and `method`.
+    fn find(&self, routes: &[Route], path: &str, method: &str, best: &mut u32) {
+        let fits = |id: &u32| methods_fit(&routes[*id as usize], method);
+        let mut first_of = |ids: &Ids| {
+            if let Some(&id) = ids.iter().take_while(|id| **id < *best).find(|id| fits(id)) {
+                *best = id;
+            }
+        };
+        if let Some(ids) = self.exact.get(path) {
+            first_of(ids);
+        }
+        for &len in &self.prefix_lengths {
+            let Some(prefix) = path.get(..len) else { break };
+            if let Some(ids) = self.prefixes.get(prefix) {
+                first_of(ids);
+            }
+        }
+        first_of(&self.any);
+        // Only the regexes of routes before the best so far can change the answer.
+        for &id in self.regex.iter().take_while(|id| **id < *best) {
+            if let PathMatch::Regex(re) = &routes[id as usize].path {
+                if fits(&id) && re.is_match(path) {
+                    *best = id;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A route with several matchers of one kind is listed once under each.
+fn push(ids: &mut Ids, id: u32) {
+    if ids.last() != Some(&id) {
+        ids.push(id);
+    }
+}
+
+fn methods_fit(route: &Route, method: &str) -> bool {
+    route.methods.is_empty() || route.methods.iter().any(|m| m == method)
+}
+
+/// Every route of a config, indexed; built once per config.
+#[derive(Default)]
+pub struct RouteIndex {
+    exact_hosts: HashMap<Box<str>, PathIndex>,
+    /// `*.example.org` routes by ".example.org".
+    suffix_hosts: HashMap<Box<str>, PathIndex>,
+    /// The distinct lengths of `suffix_hosts`, ascending.
+    suffix_lengths: Vec<usize>,
+    any_host: PathIndex,
+}
+
+impl RouteIndex {
+    pub fn new(routes: &[Route]) -> RouteIndex {
+        let mut index = RouteIndex::default();
+        for (id, route) in routes.iter().enumerate() {
+            let id = id as u32;
+            if route.hosts.is_empty() {
+                index.any_host.add(id, &route.path);
+            }
+            for host in &route.hosts {
+                match host {
+                    HostMatch::Exact(h) => index
+                        .exact_hosts
+                        .entry(h.as_str().into())
+                        .or_default()
+                        .add(id, &route.path),
+                    HostMatch::Suffix(s) => {
+                        index
+                            .suffix_hosts
+                            .entry(s.as_str().into())
+                            .or_default()
+                            .add(id, &route.path);
+                        if let Err(at) = index.suffix_lengths.binary_search(&s.len()) {
+                            index.suffix_lengths.insert(at, s.len());
+                        }
+                    }
+                }
+            }
+        }
+        index
+    }
+
+    /// The first route (in config order) whose hosts, path and methods fit: what
+    /// `super::match_route` answers. `host` is lower-case without port.
+    pub fn find(&self, routes: &[Route], host: &str, path: &str, method: &str) -> Option<usize> {
+        let mut best = u32::MAX;
+        if let Some(index) = self.exact_hosts.get(host) {
+            index.find(routes, path, method, &mut best);
+        }
+        for &len in &self.suffix_lengths {
+            // "*.example.org" matches "a.example.org", never "example.org" itself.
+            if host.len() <= len {
+                break;
+            }
+            let Some(suffix) = host.get(host.len() - len..) else {
+                continue;
+            };
+            if let Some(index) = self.suffix_hosts.get(suffix) {
+                index.find(routes, path, method, &mut best);
+            }
+        }
+        self.any_host.find(routes, path, method, &mut best);
+        (best != u32::MAX).then_some(best as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+    use crate::routing::match_route;
+
+    /// A small deterministic generator (xorshift), so a failure names its seed.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+            items[(self.next() % items.len() as u64) as usize]
+        }
+    }
+
+    const HOSTS: &[&str] = &["a.test", "b.test", "x.a.test", "y.x.a.test", "test", "c.example"];
+    const WILDCARDS: &[&str] = &["*.a.test", "*.test", "*.x.a.test", "*.example"];
+    const PATHS: &[&str] = &["/", "/v1", "/v1/", "/v1/users", "/v1/users/42", "/v2/x", "/hello", "/users/7", ""];
+    const METHODS: &[&str] = &["GET", "POST", "PUT"];
+
+    fn random_config(rng: &mut Rng, routes: usize) -> Vec<Route> {
+        let mut text = String::from("[server]\nlisten = [\"127.0.0.1:1\"]\n");
+        for i in 0..routes {
+            text.push_str(&format!("[[routes]]\nname = \"r{i}\"\nrespond = {{ status = 200 }}\n"));
+            let hosts: Vec<String> = (0..rng.next() % 3)
+                .map(|_| {
+                    let h = if rng.next() % 2 == 0 { rng.pick(HOSTS) } else { rng.pick(WILDCARDS) };
+                    format!("\"{h}\"")
+                })
+                .collect();
+            if !hosts.is_empty() {
+                text.push_str(&format!("hosts = [{}]\n", hosts.join(", ")));
+            }
+            match rng.next() % 5 {
+                0 => {}
+                1 => text.push_str(&format!("path = \"{}\"\n", rng.pick(&PATHS[..8]))),
+                2 | 3 => text.push_str(&format!("path_prefix = \"{}\"\n", rng.pick(&PATHS[..8]))),
+                _ => text.push_str(&format!(
+                    "path_regex = \"{}\"\n",
+                    rng.pick(&["^/users/[0-9]+$", "^/v1/", "x$", "^/$"])
+                )),
+            }
+            if rng.next() % 3 == 0 {
+                text.push_str(&format!("methods = [\"{}\"]\n", rng.pick(METHODS)));
+            }
+        }
+        config::parse("t.toml", &text).expect("generated config").routes
+    }
+
+    #[test]
+    fn the_index_answers_what_the_scan_answers() {
+        for seed in 1..=300u64 {
+            let mut rng = Rng(seed * 0x9E37_79B9_7F4A_7C15);
+            let n = 1 + (rng.next() % 40) as usize;
+            let routes = random_config(&mut rng, n);
+            let index = RouteIndex::new(&routes);
+            for host in HOSTS.iter().chain(&["q.c.example", "other", "a.test.evil"]) {
+                for path in PATHS.iter().chain(&["/v1/users/42/x", "/hellox"]) {
+                    for method in METHODS {
+                        assert_eq!(
+                            index.find(&routes, host, path, method),
+                            match_route(&routes, host, path, method),
+                            "seed {seed}: {method} {host}{path}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
