@@ -5,6 +5,8 @@ use prometheus::{
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use std::collections::{HashMap, HashSet};
+
 use crate::config::{AuthMode, Config, JwtKeys, Mode, Policy};
 
 /// Every `decision` label value of `sluice_decisions_total` (`Decision::label`).
@@ -363,22 +365,30 @@ impl Metrics {
     /// Creates at 0 every series `config` determines, and removes those only `previous` had,
     /// so `rate()` and `increase()` see the first event of each (DESIGN §5).
     pub fn prime(&self, config: &Config, previous: Option<&Config>, backend: &str) {
-        let pairs = |c: &Config| -> Vec<(String, String)> {
-            c.routes
-                .iter()
-                .flat_map(|r| {
-                    r.policies
-                        .iter()
-                        .map(|&p| (r.name.clone(), c.policies[p].name.clone()))
-                        .collect::<Vec<_>>()
-                })
-                .collect()
+        // (route label, policy) pairs and the decisions each can produce: maps, since
+        // thousands of routes may share one label (`metrics_as`).
+        let series = |c: &Config| -> HashMap<(String, String), Vec<&'static str>> {
+            let mut out: HashMap<(String, String), Vec<&'static str>> = HashMap::new();
+            for r in &c.routes {
+                for &p in &r.policies {
+                    let policy = &c.policies[p];
+                    let decisions = out
+                        .entry((r.label().to_owned(), policy.name.clone()))
+                        .or_default();
+                    for d in policy.possible_decisions(&c.limiter.backend, c.limiter.on_error) {
+                        if !decisions.contains(&d) {
+                            decisions.push(d);
+                        }
+                    }
+                }
+            }
+            out
         };
-        let now = pairs(config);
-        for (route, policy) in &now {
-            for decision in DECISIONS {
+        let now = series(config);
+        for ((route, policy), decisions) in &now {
+            for decision in decisions {
                 self.decisions
-                    .with_label_values(&[route, policy, decision])
+                    .with_label_values(&[route.as_str(), policy.as_str(), decision])
                     .inc_by(0);
             }
             self.near_limit
@@ -419,15 +429,17 @@ impl Metrics {
                 .inc_by(0);
         }
         let Some(previous) = previous else { return };
-        for route in &previous.routes {
-            let kept = config
-                .routes
+        let authed = |c: &Config| -> HashSet<String> {
+            c.routes
                 .iter()
-                .any(|r| r.name == route.name && r.auth != AuthMode::Off);
-            if route.auth != AuthMode::Off && !kept {
-                for result in AUTH_RESULTS {
-                    let _ = self.auth.remove_label_values(&[&route.name, result]);
-                }
+                .filter(|r| r.auth != AuthMode::Off)
+                .map(|r| r.label().to_owned())
+                .collect()
+        };
+        let still = authed(config);
+        for label in authed(previous).difference(&still) {
+            for result in AUTH_RESULTS {
+                let _ = self.auth.remove_label_values(&[label, result]);
             }
         }
         for issuer in &previous.auth.jwt {
@@ -438,16 +450,20 @@ impl Metrics {
                     .remove_label_values(&[&issuer.issuer]);
             }
         }
-        for (route, policy) in pairs(previous) {
-            if now.contains(&(route.clone(), policy.clone())) {
-                continue;
-            }
+        for (route, policy) in series(previous).into_keys() {
+            let kept = now.get(&(route.clone(), policy.clone()));
             for decision in DECISIONS {
+                // Gone, or no longer possible: a series that moved late goes too.
+                if kept.is_some_and(|d| d.contains(&decision)) {
+                    continue;
+                }
                 let _ = self
                     .decisions
                     .remove_label_values(&[&route, &policy, decision]);
             }
-            let _ = self.near_limit.remove_label_values(&[&route, &policy]);
+            if kept.is_none() {
+                let _ = self.near_limit.remove_label_values(&[&route, &policy]);
+            }
         }
         for policy in &previous.policies {
             if !config.policies.iter().any(|p| p.name == policy.name) {
@@ -540,7 +556,7 @@ policies = ["per_ip", "watch"]
         let m = Metrics::new();
         m.prime(&config(""), None, "redis");
         let text = scrape(&m);
-        for decision in DECISIONS {
+        for decision in ["allowed", "shadow_rejected"] {
             let line = format!(
                 "sluice_decisions_total{{decision=\"{decision}\",policy=\"watch\",route=\"api\"}} 0"
             );
@@ -589,6 +605,89 @@ policies = ["fresh"]
         assert!(!text.contains("route=\"extra\""), "{text}");
         assert!(!text.contains("policy=\"fresh\""), "{text}");
         assert!(text.contains("policy=\"watch\""));
+    }
+
+    /// DESIGN §16: a policy is primed for the decisions its settings can produce, and
+    /// routes sharing a `metrics_as` label share its series.
+    #[test]
+    fn series_exist_only_where_they_can_move() {
+        let text = r#"
+[server]
+listen = ["127.0.0.1:8080"]
+[limiter]
+backend = "redis"
+url = "redis://127.0.0.1:6379"
+on_error = "deny"
+[policies.plain]
+algorithm = "gcra"
+limit = 10
+period = "1s"
+key = ["client_ip"]
+on_error = "allow"
+[policies.every]
+algorithm = "token_bucket"
+limit = 10
+period = "1s"
+key = ["header:x-user"]
+on_exceed = "delay"
+max_delay = "1s"
+exempt = ["10.0.0.0/8"]
+ban = "1m"
+[policies.shared]
+algorithm = "fixed_window"
+limit = 10
+period = "1s"
+key = ["header:x-user"]
+on_missing = "shared"
+[[routes]]
+name = "tenant-1"
+hosts = ["one.example"]
+metrics_as = "tenants"
+respond = { status = 200 }
+policies = ["plain", "every", "shared"]
+[[routes]]
+name = "tenant-2"
+hosts = ["two.example"]
+metrics_as = "tenants"
+respond = { status = 200 }
+policies = ["plain"]
+"#;
+        let config = config::parse("t.toml", text).unwrap_or_else(|e| panic!("{e}"));
+        let m = Metrics::new();
+        m.prime(&config, None, "redis");
+        let scraped = scrape(&m);
+        let series = |policy: &str| -> Vec<String> {
+            let mut found: Vec<String> = scraped
+                .lines()
+                .filter(|l| l.starts_with("sluice_decisions_total{"))
+                .filter(|l| l.contains(&format!("policy=\"{policy}\"")))
+                .map(|l| {
+                    assert!(l.contains("route=\"tenants\""), "{l}");
+                    l.split("decision=\"")
+                        .nth(1)
+                        .and_then(|r| r.split('"').next())
+                        .unwrap_or("")
+                        .to_owned()
+                })
+                .collect();
+            found.sort();
+            found
+        };
+        assert_eq!(series("plain"), ["allowed", "error_allowed", "rejected"]);
+        assert_eq!(
+            series("every"),
+            [
+                "allowed",
+                "banned",
+                "delayed",
+                "error_denied",
+                "exempt",
+                "rejected",
+                "skipped"
+            ]
+        );
+        assert_eq!(series("shared"), ["allowed", "error_denied", "rejected"]);
+        assert!(!scraped.contains("tenant-1"), "{scraped}");
     }
 
     #[test]

@@ -354,6 +354,56 @@ impl Policy {
         }
     }
 
+    /// The decisions this policy's settings can produce on `backend` (DESIGN §16): only
+    /// their series are primed at 0, so a config's metrics grow with what can move.
+    pub fn possible_decisions(
+        &self,
+        backend: &Backend,
+        default_on_error: OnError,
+    ) -> Vec<&'static str> {
+        let enforce = self.mode == Mode::Enforce;
+        let mut out = vec![
+            "allowed",
+            if enforce {
+                "rejected"
+            } else {
+                "shadow_rejected"
+            },
+        ];
+        if self.delay.is_some() || self.algorithm == Algorithm::LeakyBucket {
+            out.push("delayed");
+        }
+        let can_miss = self.key.iter().any(|p| {
+            matches!(
+                p,
+                KeyPart::Header(_)
+                    | KeyPart::Query(_)
+                    | KeyPart::Cookie(_)
+                    | KeyPart::ClientCert
+                    | KeyPart::Consumer
+                    | KeyPart::Plan
+                    | KeyPart::Claim(_)
+            )
+        });
+        if can_miss && self.on_missing == OnMissing::Skip {
+            out.push("skipped");
+        }
+        if !self.exempt.is_empty() {
+            out.push("exempt");
+        }
+        if *backend != Backend::Memory {
+            match self.on_error.unwrap_or(default_on_error) {
+                OnError::Allow => out.push("error_allowed"),
+                OnError::Deny => out.push("error_denied"),
+                OnError::Local => {}
+            }
+        }
+        if enforce && !self.ban.is_zero() {
+            out.push("banned");
+        }
+        out
+    }
+
     /// Whether two versions of a policy count the same way (so cached denials stay true).
     pub fn same_rule(&self, other: &Policy) -> bool {
         self.algorithm == other.algorithm
@@ -380,6 +430,15 @@ pub struct Route {
     /// Overrides `[server] max_request_body` for this route (0 = unlimited).
     pub max_request_body: Option<u64>,
     pub auth: AuthMode,
+    /// `metrics_as`: the `route` label this route is counted under (DESIGN §16).
+    pub metrics_as: Option<String>,
+}
+
+impl Route {
+    /// The `route` label of this route's metrics: its `metrics_as`, else its name.
+    pub fn label(&self) -> &str {
+        self.metrics_as.as_deref().unwrap_or(&self.name)
+    }
 }
 
 /// A route's `auth` (DESIGN §11).

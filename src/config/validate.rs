@@ -1595,7 +1595,12 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
             ],
         )
         .unwrap_or(AuthMode::Off);
+    let metrics_as = t.string("metrics_as").map(|s| {
+        check_name(p, &s, "metrics_as");
+        s.value
+    });
     Some(Route {
+        metrics_as,
         name: name?.value,
         hosts,
         path,

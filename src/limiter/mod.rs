@@ -221,7 +221,11 @@ pub struct Limiter {
 /// `sluice_decisions_total` (one per `Decision`) and `sluice_near_limit_total` of one
 /// route and policy.
 struct PolicyCounters {
-    decisions: Vec<prometheus::IntCounter>,
+    /// Resolved up front for the decisions the policy can produce (DESIGN §16), the rest
+    /// on first use (a series that exists only once it moves).
+    decisions: Vec<std::sync::OnceLock<prometheus::IntCounter>>,
+    /// The `route` and `policy` labels, for a decision resolved late.
+    labels: [String; 2],
     near_limit: prometheus::IntCounter,
 }
 
@@ -344,16 +348,26 @@ impl Limiter {
                     .policies
                     .iter()
                     .map(|&id| {
-                        let labels = [route.name.as_str(), cfg.policies[id].name.as_str()];
+                        let policy = &cfg.policies[id];
+                        let labels = [route.label(), policy.name.as_str()];
+                        let possible =
+                            policy.possible_decisions(&settings.backend, settings.on_error);
                         PolicyCounters {
                             decisions: crate::metrics::DECISIONS
                                 .iter()
                                 .map(|d| {
-                                    metrics
-                                        .decisions
-                                        .with_label_values(&[labels[0], labels[1], d])
+                                    let cell = std::sync::OnceLock::new();
+                                    if possible.contains(d) {
+                                        let _ = cell.set(
+                                            metrics
+                                                .decisions
+                                                .with_label_values(&[labels[0], labels[1], d]),
+                                        );
+                                    }
+                                    cell
                                 })
                                 .collect(),
+                            labels: labels.map(str::to_owned),
                             near_limit: metrics.near_limit.with_label_values(&labels),
                         }
                     })
@@ -798,7 +812,14 @@ impl Limiter {
             else {
                 continue;
             };
-            c.decisions[p.decision as usize].inc();
+            c.decisions[p.decision as usize]
+                .get_or_init(|| {
+                    let [route, policy] = &c.labels;
+                    self.metrics
+                        .decisions
+                        .with_label_values(&[route, policy, p.decision.label()])
+                })
+                .inc();
             if let (Decision::Allowed | Decision::Delayed, Some(v)) = (p.decision, p.verdict) {
                 if near_limit(&policies[p.policy], &v) {
                     c.near_limit.inc();

@@ -69,6 +69,14 @@ impl Ctx {
             _ => UNMATCHED,
         }
     }
+
+    /// The `route` label of this request's metrics (its route's `metrics_as`, if set).
+    fn route_label(&self) -> &str {
+        match (&self.gateway, self.route) {
+            (Some(g), Some(i)) => g.config.routes[i].label(),
+            _ => UNMATCHED,
+        }
+    }
 }
 
 async fn write_response(
@@ -478,15 +486,16 @@ impl ProxyHttp for Proxy {
                 .unwrap_or(if e.is_some() { 502 } else { 0 }),
         };
         let route = ctx.route_name();
+        let label = ctx.route_label();
         let elapsed = ctx.started.elapsed();
         let m = &self.app.metrics;
         let protocol = if session.is_http2() { "h2" } else { "http1" };
         let code = http::StatusCode::from_u16(status).ok();
         m.http_requests
-            .with_label_values(&[protocol, route, code.as_ref().map_or("0", |c| c.as_str())])
+            .with_label_values(&[protocol, label, code.as_ref().map_or("0", |c| c.as_str())])
             .inc();
         m.http_duration
-            .with_label_values(&[route])
+            .with_label_values(&[label])
             .observe(elapsed.as_secs_f64());
         let Some(gateway) = &ctx.gateway else { return };
         if let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route) {
@@ -523,7 +532,7 @@ impl Proxy {
             self.app
                 .metrics
                 .auth
-                .with_label_values(&[&route.name, result])
+                .with_label_values(&[route.label(), result])
                 .inc();
         };
         let grpc = response::is_grpc(&session.req_header().headers);

@@ -165,18 +165,41 @@ mod tests {
         }
     }
 
-    const HOSTS: &[&str] = &["a.test", "b.test", "x.a.test", "y.x.a.test", "test", "c.example"];
+    const HOSTS: &[&str] = &[
+        "a.test",
+        "b.test",
+        "x.a.test",
+        "y.x.a.test",
+        "test",
+        "c.example",
+    ];
     const WILDCARDS: &[&str] = &["*.a.test", "*.test", "*.x.a.test", "*.example"];
-    const PATHS: &[&str] = &["/", "/v1", "/v1/", "/v1/users", "/v1/users/42", "/v2/x", "/hello", "/users/7", ""];
+    const PATHS: &[&str] = &[
+        "/",
+        "/v1",
+        "/v1/",
+        "/v1/users",
+        "/v1/users/42",
+        "/v2/x",
+        "/hello",
+        "/users/7",
+        "",
+    ];
     const METHODS: &[&str] = &["GET", "POST", "PUT"];
 
     fn random_config(rng: &mut Rng, routes: usize) -> Vec<Route> {
         let mut text = String::from("[server]\nlisten = [\"127.0.0.1:1\"]\n");
         for i in 0..routes {
-            text.push_str(&format!("[[routes]]\nname = \"r{i}\"\nrespond = {{ status = 200 }}\n"));
+            text.push_str(&format!(
+                "[[routes]]\nname = \"r{i}\"\nrespond = {{ status = 200 }}\n"
+            ));
             let hosts: Vec<String> = (0..rng.next() % 3)
                 .map(|_| {
-                    let h = if rng.next() % 2 == 0 { rng.pick(HOSTS) } else { rng.pick(WILDCARDS) };
+                    let h = if rng.next() % 2 == 0 {
+                        rng.pick(HOSTS)
+                    } else {
+                        rng.pick(WILDCARDS)
+                    };
                     format!("\"{h}\"")
                 })
                 .collect();
@@ -196,7 +219,9 @@ mod tests {
                 text.push_str(&format!("methods = [\"{}\"]\n", rng.pick(METHODS)));
             }
         }
-        config::parse("t.toml", &text).expect("generated config").routes
+        config::parse("t.toml", &text)
+            .expect("generated config")
+            .routes
     }
 
     #[test]
