@@ -195,7 +195,7 @@ mod tests {
             ));
             let hosts: Vec<String> = (0..rng.next() % 3)
                 .map(|_| {
-                    let h = if rng.next() % 2 == 0 {
+                    let h = if rng.next().is_multiple_of(2) {
                         rng.pick(HOSTS)
                     } else {
                         rng.pick(WILDCARDS)
@@ -215,7 +215,7 @@ mod tests {
                     rng.pick(&["^/users/[0-9]+$", "^/v1/", "x$", "^/$"])
                 )),
             }
-            if rng.next() % 3 == 0 {
+            if rng.next().is_multiple_of(3) {
                 text.push_str(&format!("methods = [\"{}\"]\n", rng.pick(METHODS)));
             }
         }
