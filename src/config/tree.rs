@@ -37,7 +37,7 @@ impl Node {
 
 /// Parses TOML text into the spanned tree; a syntax error comes back with its byte offset.
 pub fn parse(text: &str) -> Result<Spanned<Node>, (usize, String)> {
-    let doc = toml_edit::Document::parse(text.to_owned()).map_err(|e| {
+    let doc = toml::de::DeTable::parse(text).map_err(|e| {
         let span = e.span().unwrap_or(0..0);
         let message = e.message().trim().to_owned();
         // Name the key: `[policies.a]` twice says only "duplicate key".
@@ -50,68 +50,44 @@ pub fn parse(text: &str) -> Result<Spanned<Node>, (usize, String)> {
         (span.start, message)
     })?;
     Ok(Spanned {
-        value: table(doc.as_table()),
+        value: table(doc.get_ref()),
         span: 0..0,
     })
 }
 
-fn table(t: &toml_edit::Table) -> Node {
+fn table(t: &toml::de::DeTable) -> Node {
     Node::Table(
         t.iter()
-            .filter_map(|(k, item)| {
-                let (key, _) = t.get_key_value(k)?;
-                Some((key_of(key), item_of(item)?))
+            .map(|(k, v)| {
+                (
+                    Spanned {
+                        value: k.get_ref().to_string(),
+                        span: k.span(),
+                    },
+                    value_of(v),
+                )
             })
             .collect(),
     )
 }
 
-fn key_of(key: &toml_edit::Key) -> Spanned<String> {
-    Spanned {
-        value: key.get().to_owned(),
-        span: key.span().unwrap_or(0..0),
-    }
-}
-
-fn item_of(item: &toml_edit::Item) -> Option<Spanned<Node>> {
-    match item {
-        toml_edit::Item::None => None,
-        toml_edit::Item::Value(v) => Some(value_of(v)),
-        toml_edit::Item::Table(t) => Some(Spanned {
-            value: table(t),
-            span: t.span().unwrap_or(0..0),
-        }),
-        toml_edit::Item::ArrayOfTables(a) => Some(Spanned {
-            value: Node::Array(
-                a.iter()
-                    .map(|t| Spanned {
-                        value: table(t),
-                        span: t.span().unwrap_or(0..0),
-                    })
-                    .collect(),
-            ),
-            span: a.span().unwrap_or(0..0),
-        }),
-    }
-}
-
-fn value_of(v: &toml_edit::Value) -> Spanned<Node> {
-    let span = v.span().unwrap_or(0..0);
-    let value = match v {
-        toml_edit::Value::String(s) => Node::Str(s.value().clone()),
-        toml_edit::Value::Integer(i) => Node::Int(*i.value()),
-        toml_edit::Value::Float(_) => Node::Float,
-        toml_edit::Value::Boolean(b) => Node::Bool(*b.value()),
-        toml_edit::Value::Datetime(_) => Node::Datetime,
-        toml_edit::Value::Array(a) => Node::Array(a.iter().map(value_of).collect()),
-        toml_edit::Value::InlineTable(t) => Node::Table(
-            t.iter()
-                .filter_map(|(k, _)| {
-                    let (key, item) = t.get_key_value(k)?;
-                    Some((key_of(key), item_of(item)?))
-                })
-                .collect(),
-        ),
+fn value_of(v: &toml::Spanned<toml::de::DeValue>) -> Spanned<Node> {
+    use toml::de::DeValue;
+    let value = match v.get_ref() {
+        DeValue::String(s) => Node::Str(s.to_string()),
+        DeValue::Integer(i) => match i64::from_str_radix(i.as_str(), i.radix()) {
+            Ok(n) => Node::Int(n),
+            // Out of i64's range: no key takes such a number.
+            Err(_) => Node::Float,
+        },
+        DeValue::Float(_) => Node::Float,
+        DeValue::Boolean(b) => Node::Bool(*b),
+        DeValue::Datetime(_) => Node::Datetime,
+        DeValue::Array(a) => Node::Array(a.iter().map(value_of).collect()),
+        DeValue::Table(t) => table(t),
     };
-    Spanned { value, span }
+    Spanned {
+        value,
+        span: v.span(),
+    }
 }
