@@ -130,6 +130,8 @@ impl App {
         let gateway =
             Gateway::build(config, Some(&old), self.clock.clone(), self.metrics.clone()).await?;
         self.current.store(Arc::new(gateway));
+        drop(old);
+        return_freed_memory();
         Ok(())
     }
 
@@ -142,4 +144,12 @@ impl App {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.metrics.requests_in_flight.dec();
     }
+}
+
+/// Hands memory freed by a config load (the parse tree of a large config is many times the
+/// size of the config it yields) back to the OS now, rather than keeping it resident.
+pub fn return_freed_memory() {
+    // SAFETY: mi_collect only walks mimalloc's own heaps; it may be called at any time from
+    // any thread (and does nothing for heaps that allocated nothing).
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }

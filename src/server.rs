@@ -43,6 +43,7 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
             metrics.clone(),
         ))
         .map_err(anyhow::Error::msg)?;
+    crate::gateway::return_freed_memory();
     let app = Arc::new(App {
         current: ArcSwap::from_pointee(gateway),
         metrics,
