@@ -8,6 +8,11 @@
     benchlib.py wrk FILE             one-line summary of a wrk output file
     benchlib.py cpusnap ROOTPID FILE [PGID]  CPU ticks outside ROOTPID's tree, and of PGID
     benchlib.py report RUNDIR        print the Markdown report for a finished run
+    benchlib.py authdata DIR KEYS TOKENS SEED
+                                     consumers.toml, jwks.json, ES256 tokens and the Zipf
+                                     tables (Lua, for zipf.lua) of the consumer rows, into DIR
+    benchlib.py probe PORT STATUS COUNT [NAME=VALUE|NAME=@FILE ...]
+                                     GET / with those headers up to COUNT times, until STATUS
     benchlib.py soak-sample PID ADMIN_PORT INTERVAL COUNT OUT
                                      COUNT samples, INTERVAL s apart, of PID's RSS and fds and
                                      of sluice's request counters, as TSV to OUT
@@ -253,6 +258,21 @@ def parse_decisions(text):
     return {k: v for k, v in out.items() if v or not k.startswith(("backend", "deny"))}
 
 
+def parse_outcomes(text):
+    """sluice /metrics -> {"status NNN": count, "auth RESULT": count}: what sluice answered
+    (sluice_http_requests_total, summed over routes) and, on routes with auth, how the
+    credentials came out (sluice_auth_total: ok, invalid, banned, ...); zeros left out."""
+    out = {}
+    for metric, label, prefix in (("sluice_http_requests_total", "status", "status "),
+                                  ("sluice_auth_total", "result", "auth ")):
+        for m in re.finditer(r'^' + metric + r'\{([^}]*)\}\s+([0-9.eE+]+)', text, re.M):
+            d = re.search(label + r'="([^"]*)"', m.group(1))
+            v = float(m.group(2))
+            if d and v:
+                out[prefix + d.group(1)] = out.get(prefix + d.group(1), 0) + v
+    return out
+
+
 # --------------------------------------------------------------------------- report
 def read_manifest(path):
     rows = []
@@ -322,7 +342,9 @@ def load(rundir, manifest):
                 w["redis"] = redis_summary(f.read(), w["requests"])
         if metf != "-" and os.path.exists(metf):
             with open(metf) as f:
-                w["decisions"] = parse_decisions(f.read())
+                text = f.read()
+            w["decisions"] = parse_decisions(text)
+            w["outcomes"] = parse_outcomes(text)
         runs[cid]["rounds"].append(w)
     return order, runs
 
@@ -356,6 +378,9 @@ def summarize(run):
     dec = [r["decisions"] for r in ok if "decisions" in r]
     if dec:
         s["decisions"] = dec[-1]
+    outc = [r["outcomes"] for r in ok if r.get("outcomes")]
+    if outc:
+        s["outcomes"] = outc[-1]
     return s
 
 
@@ -374,16 +399,34 @@ def key_ratios(sums):
         ("no policies: proxy CPU per request / nginx proxy's",
          ratio(get("4", "cpu_us_req"), get("2", "cpu_us_req"))),
         ("gcra, Redis: p99 / no policies' p99", ratio(get("6", "p99"), get("4", "p99"))),
+        ("gcra on x-user, memory, 100,000 Zipf keys (5z) / no policies (req/s)",
+         ratio(get("5z", "rps"), get("4", "rps"))),
+        ("API keys (5k) / the same policy without auth (5z), req/s (target ≥ 0.97)",
+         ratio(get("5k", "rps"), get("5z", "rps"))),
+        ("API keys (5k) / the same policy without auth (5z), proxy CPU per request",
+         ratio(get("5k", "cpu_us_req"), get("5z", "cpu_us_req"))),
+        ("cached ES256 JWTs (5j) / the same policy without auth (5z), req/s (target ≥ 0.95)",
+         ratio(get("5j", "rps"), get("5z", "rps"))),
+        ("cached ES256 JWTs (5j) / the same policy without auth (5z), proxy CPU per request",
+         ratio(get("5j", "cpu_us_req"), get("5z", "cpu_us_req"))),
+        ("gcra, Redis, 100,000 Zipf keys (6z) / no policies (req/s)",
+         ratio(get("6z", "rps"), get("4", "rps"))),
+        ("gcra, Redis, 100,000 Zipf keys (6z) / one hot key (6), req/s",
+         ratio(get("6z", "rps"), get("6", "rps"))),
+        ("banned invalid-token flood (8c) / deny-cache 429 (8a), proxy CPU per request (target ≤ 1.1)",
+         ratio(get("8c", "cpu_us_req"), get("8a", "cpu_us_req"))),
         ("threads = 2 / threads = 1, no policies (proxy CPU per request)",
          ratio(get("4w2", "cpu_us_req"), get("4", "cpu_us_req"))),
         ("threads = 2 / threads = 1, gcra on Redis (proxy CPU per request)",
          ratio(get("6w2", "cpu_us_req"), get("6", "cpu_us_req"))),
     ]
-    red = sums.get("6", {}).get("redis")
-    if red:
-        rows.append(("gcra, Redis: Redis µs per decision", f"{red['script_usec_per_req']:.2f} µs"))
-        if red["req_per_script"]:
-            rows.append(("gcra, Redis: decisions per script call", f"{red['req_per_script']:.1f}"))
+    for cid, what in (("6", "gcra, Redis, one hot key (6)"),
+                      ("6z", "gcra, Redis, 100,000 Zipf keys (6z)")):
+        red = sums.get(cid, {}).get("redis")
+        if red:
+            rows.append((f"{what}: Redis µs per decision", f"{red['script_usec_per_req']:.2f} µs"))
+            if red["req_per_script"]:
+                rows.append((f"{what}: decisions per script call", f"{red['req_per_script']:.1f}"))
     rows = [(k, v) for k, v in rows if v is not None]
     if not rows:
         return []
@@ -495,6 +538,13 @@ def report(rundir):
                 f"{cid}: " + (", ".join(f"{k} {v:,.0f}" for k, v in sorted(sums[cid]["decisions"].items()))
                               or "none")
                 for cid in dec_ids))
+        out_ids = [cid for cid in order if "outcomes" in sums[cid]]
+        if out_ids:
+            notes.append("sluice responses by status, and credentials by outcome on routes with auth "
+                          "(sluice_http_requests_total, sluice_auth_total; whole process, last round): "
+                          + "; ".join(f"{cid}: " + ", ".join(
+                              f"{k} {v:,.0f}" for k, v in sorted(sums[cid]["outcomes"].items()))
+                              for cid in out_ids))
 
     a_order, a_runs = load(rundir, "alg_manifest.tsv")
     if a_order:
@@ -537,6 +587,181 @@ def report(rundir):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     print("\n".join(lines))
     return 0
+
+
+# --------------------------------------------------------------------------- auth/zipf data
+# Consumers, API keys, ES256 tokens and the Zipf tables of the rows 5z, 5k, 5j, 6z and 8c,
+# made at bench time in the run's temp dir (nothing here is secret or kept).
+JWT_ISSUER = "https://bench.test/"
+JWT_AUDIENCE = "bench"
+JWT_KID = "bench-es256"
+JWT_EXP = 4102444800  # 2100-01-01: far future
+
+
+def b64url(data):
+    import base64
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def der_ecdsa_to_raw(der, size=32):
+    """DER ECDSA-Sig-Value (SEQUENCE { INTEGER r, INTEGER s }) -> r || s, each `size` bytes."""
+    def read_len(buf, i):
+        n = buf[i]
+        i += 1
+        if n < 0x80:
+            return n, i
+        k = n & 0x7F
+        return int.from_bytes(buf[i:i + k], "big"), i + k
+
+    if der[0] != 0x30:
+        raise ValueError("not a DER SEQUENCE")
+    _, i = read_len(der, 1)
+    out = b""
+    for _ in range(2):
+        if der[i] != 0x02:
+            raise ValueError("not a DER INTEGER")
+        n, i = read_len(der, i + 1)
+        v = der[i:i + n].lstrip(b"\x00")
+        i += n
+        if len(v) > size:
+            raise ValueError("ECDSA integer too long")
+        out += v.rjust(size, b"\x00")
+    return out
+
+
+def zipf_cdf(n, s=1.0):
+    """Cumulative Zipf(s) probabilities of ranks 1..n; the last is exactly 1.0."""
+    acc, cdf = 0.0, []
+    for k in range(1, n + 1):
+        acc += 1.0 / k ** s
+        cdf.append(acc)
+    cdf = [c / acc for c in cdf]
+    cdf[-1] = 1.0
+    return cdf
+
+
+def lua_str(v):
+    return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_zipf_lua(path, header, values, cdf, what):
+    """A Lua file for bench/zipf.lua: `return { header =, cdf = {...}, values = {...} }`.
+    One entry per line; LuaJIT keeps a constructor's constants in a template table, so
+    100,000 entries are no problem."""
+    with open(path, "w") as f:
+        f.write(f"-- generated by bench/benchlib.py for bench/zipf.lua: {what}\n")
+        f.write(f"return {{\nheader = {lua_str(header)},\ncdf = {{\n")
+        f.writelines(f"{c!r},\n" for c in cdf)
+        f.write("},\nvalues = {\n")
+        f.writelines(lua_str(v) + ",\n" for v in values)
+        f.write("},\n}\n")
+
+
+def auth_data(out, n_keys, n_tokens, seed):
+    """Writes into OUT: consumers.toml (n_keys consumers c1..cN, plan free, one API key each
+    by its SHA-256), jwks.json (one EC P-256 key), and the Zipf(s = 1) tables for
+    bench/zipf.lua: zipf-users.lua (X-User: cN, no auth), zipf-keys.lua (X-Api-Key),
+    zipf-jwt.lua (Authorization: Bearer, n_tokens ES256 tokens of c1..cM), plus
+    bad.jwt: a well-formed token whose signature does not check (row 8c), and
+    probe-key.txt / probe-jwt.txt: c1's key and token for run.sh's pre-load probe."""
+    import hashlib
+    import json
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    os.makedirs(out, exist_ok=True)
+    names = [f"c{i}" for i in range(1, n_keys + 1)]
+    keys = ["bk_" + hashlib.sha256(f"sluice-bench:{seed}:{i}".encode()).hexdigest()[:40]
+            for i in range(1, n_keys + 1)]
+    with open(os.path.join(out, "consumers.toml"), "w") as f:
+        f.write("# generated by bench/benchlib.py authdata: bench consumers, one API key each\n")
+        for name, key in zip(names, keys):
+            f.write(f'[[consumers]]\nname = "{name}"\nplan = "free"\n'
+                    f'keys = ["sha256:{hashlib.sha256(key.encode()).hexdigest()}"]\n')
+    cdf = zipf_cdf(n_keys)
+    write_zipf_lua(os.path.join(out, "zipf-users.lua"), "X-User", names, cdf,
+                   f"{n_keys} client-named users, Zipf s = 1")
+    write_zipf_lua(os.path.join(out, "zipf-keys.lua"), "X-Api-Key", keys, cdf,
+                   f"{n_keys} API keys, Zipf s = 1")
+
+    # ES256: a throw-away P-256 key made by openssl; tokens signed by openssl dgst.
+    pem = os.path.join(out, "jwt-key.pem")
+    key = subprocess.run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout"],
+                         check=True, capture_output=True).stdout
+    key = subprocess.run(["openssl", "pkey", "-out", pem], input=key, check=True,
+                         capture_output=True)
+    os.chmod(pem, 0o600)
+    pub = subprocess.run(["openssl", "ec", "-in", pem, "-pubout", "-outform", "DER"],
+                         check=True, capture_output=True).stdout
+    point = pub[-65:]
+    if point[0] != 4:
+        raise SystemExit("authdata: unexpected EC public key encoding")
+    jwks = {"keys": [{"kty": "EC", "crv": "P-256", "kid": JWT_KID, "use": "sig", "alg": "ES256",
+                      "x": b64url(point[1:33]), "y": b64url(point[33:65])}]}
+    with open(os.path.join(out, "jwks.json"), "w") as f:
+        json.dump(jwks, f)
+    head = b64url(json.dumps({"alg": "ES256", "typ": "JWT", "kid": JWT_KID},
+                             separators=(",", ":")).encode())
+
+    def mint(sub):
+        body = b64url(json.dumps({"iss": JWT_ISSUER, "aud": JWT_AUDIENCE, "sub": sub,
+                                  "exp": JWT_EXP}, separators=(",", ":")).encode())
+        signing_input = f"{head}.{body}".encode()
+        der = subprocess.run(["openssl", "dgst", "-sha256", "-sign", pem], input=signing_input,
+                             check=True, capture_output=True).stdout
+        return f"{head}.{body}.{b64url(der_ecdsa_to_raw(der))}"
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        tokens = list(pool.map(mint, names[:n_tokens]))
+    write_zipf_lua(os.path.join(out, "zipf-jwt.lua"), "Authorization",
+                   ["Bearer " + t for t in tokens], zipf_cdf(n_tokens),
+                   f"{n_tokens} ES256 tokens of consumers c1..c{n_tokens}, Zipf s = 1")
+    # A token of c1 whose signature is another message's: well-formed, bad signature.
+    h, b, _ = tokens[0].split(".")
+    bad_sig = tokens[1].split(".")[2] if len(tokens) > 1 else b64url(bytes(64))
+    with open(os.path.join(out, "bad.jwt"), "w") as f:
+        f.write(f"{h}.{b}.{bad_sig}\n")
+    # What run.sh's pre-load probe sends: consumer c1's API key, and c1's token.
+    with open(os.path.join(out, "probe-key.txt"), "w") as f:
+        f.write(keys[0] + "\n")
+    with open(os.path.join(out, "probe-jwt.txt"), "w") as f:
+        f.write(f"Bearer {tokens[0]}\n")
+    return 0
+
+
+def http_status(port, path, headers):
+    c = http.client.HTTPConnection(HOST, port, timeout=5)
+    try:
+        c.request("GET", path, headers=headers)
+        r = c.getresponse()
+        r.read()
+        return r.status
+    finally:
+        c.close()
+
+
+def probe(port, expect, count, header_args):
+    """GET / up to COUNT times with the headers NAME=VALUE (VALUE @FILE: the file's first
+    line); prints the statuses; exit 0 as soon as one is EXPECT, 1 if none was."""
+    headers = {}
+    for a in header_args:
+        name, value = a.split("=", 1)
+        if value.startswith("@"):
+            with open(value[1:]) as f:
+                value = f.readline().strip()
+        headers[name] = value
+    seen = []
+    for _ in range(count):
+        try:
+            st = http_status(port, "/", headers)
+        except (OSError, http.client.HTTPException) as e:
+            st = f"error ({e})"
+        seen.append(str(st))
+        if st == expect:
+            print(" ".join(seen))
+            return 0
+    print(" ".join(seen))
+    return 1
 
 
 # --------------------------------------------------------------------------- soak
@@ -820,6 +1045,10 @@ def main(argv):
         return 0
     if cmd == "report":
         return report(args[0])
+    if cmd == "authdata":
+        return auth_data(args[0], int(args[1]), int(args[2]), args[3])
+    if cmd == "probe":
+        return probe(int(args[0]), int(args[1]), int(args[2]), args[3:])
     if cmd == "soak-sample":
         return soak_sample(int(args[0]), int(args[1]), int(args[2]), int(args[3]), args[4])
     if cmd == "soak-report":

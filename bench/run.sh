@@ -10,7 +10,11 @@
 #   WORKERS [1]        worker processes/threads of nginx proxy, HAProxy (nbthread), sluice (threads)
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
-#   CONTENDERS         subset to run, e.g. "1 2 4" [1 2 3 3b 4 5 6 7 8a 8b 9a 9b 4w2 6w2]
+#   CONTENDERS         subset to run, e.g. "1 2 4"
+#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2]
+#   ZIPF_KEYS [100000] distinct keys / consumers / API keys of rows 5z, 5k and 6z (Zipf, s = 1)
+#   JWT_TOKENS [1000]  distinct ES256 tokens (consumers) of row 5j (Zipf, s = 1)
+#   SEED [1]           seed of the API keys and of bench/zipf.lua's draws (wrk thread i: SEED + 1000 i)
 #   ALGORITHMS         subset for the Redis-per-algorithm section, or "none"
 #                      [fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency]
 #   BASELINE           a second sluice binary: every sluice contender N also runs with it,
@@ -26,7 +30,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 INVOCATION="$0 $*"
 
 usage() {
-    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 [ $# -eq 1 ] || usage
@@ -39,22 +43,27 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 6 7 8a 8b 9a 9b 4w2 6w2"
+ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
 [ "$ALGORITHMS" = none ] && ALGORITHMS=""
 OUT=${OUT:-$BENCH_DIR/results/latest.md}
 KEEP_TMP=${KEEP_TMP:-0}
+ZIPF_KEYS=${ZIPF_KEYS:-100000}
+JWT_TOKENS=${JWT_TOKENS:-1000}
+SEED=${SEED:-1}
 
 LOG_TAG=bench
 # shellcheck source=bench/lib.sh
 . "$BENCH_DIR/lib.sh"
 
-for v in CONNECTIONS THREADS ROUNDS WORKERS; do
+for v in CONNECTIONS THREADS ROUNDS WORKERS ZIPF_KEYS JWT_TOKENS SEED; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer (got '${!v}')"
 done
 [ "$CONNECTIONS" -ge "$THREADS" ] || die "CONNECTIONS ($CONNECTIONS) must be >= THREADS ($THREADS)"
+[ "$JWT_TOKENS" -ge 2 ] && [ "$JWT_TOKENS" -le "$ZIPF_KEYS" ] \
+    || die "JWT_TOKENS ($JWT_TOKENS) must be between 2 and ZIPF_KEYS ($ZIPF_KEYS): tokens name consumers c1..cN"
 for c in $CONTENDERS; do
     [[ " $ALL_CONTENDERS " == *" $c "* ]] || die "unknown contender '$c' (known: $ALL_CONTENDERS)"
 done
@@ -68,16 +77,20 @@ ALG_DUR_S=$(python3 "$LIB" seconds "$ALG_DURATION")
 if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 
 needs_sluice=0
-for c in $CONTENDERS; do case $c in 4|5|6|7|8a|8b|9b|4w2|6w2) needs_sluice=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|7|8a|8b|8c|9b|4w2|6w2) needs_sluice=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_sluice=1
 needs_redis=0
-for c in $CONTENDERS; do case $c in 6|7|8a|8b|6w2) needs_redis=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 6|6z|7|8a|8b|8c|6w2) needs_redis=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_redis=1
+# Rows with consumers, API keys, tokens or Zipf-drawn keys (data made by benchlib.py authdata).
+needs_auth_data=0
+for c in $CONTENDERS; do case $c in 5z|5k|5j|6z|8c) needs_auth_data=1 ;; esac; done
 
 # Only what the chosen rows use (bench/pgo.sh trains without HAProxy).
 tools="wrk nginx timeout setsid"
 [[ " $CONTENDERS " == *" 3b "* ]] && tools="$tools haproxy"
 [ $needs_redis -eq 1 ] && tools="$tools redis-server redis-cli"
+[ $needs_auth_data -eq 1 ] && tools="$tools openssl"
 # shellcheck disable=SC2086
 ensure_tools $tools
 
@@ -163,6 +176,18 @@ algorithm = "token_bucket"
 limit = 100000000
 period = "1s"
 key = []'
+# 5z and 6z: the same gcra keyed on a client-sent header (no auth): 100,000 Zipf-drawn values
+POL_USER='[policies.per_user]
+algorithm = "gcra"
+limit = 100000000
+period = "1s"
+key = ["header:x-user"]'
+# 5k, 5j and 8c: the same gcra keyed on the verified consumer (DESIGN section 11)
+POL_CONSUMER='[policies.per_consumer]
+algorithm = "gcra"
+limit = 100000000
+period = "1s"
+key = ["consumer"]'
 POL_ATTACK='[policies.per_ip]
 algorithm = "gcra"
 limit = 10
@@ -178,10 +203,11 @@ alg_policy() {
     esac
 }
 
-# sluice_conf FILE PORT ADMIN_PORT BACKEND(memory|redis) DENY_CACHE(-|N) POLICIES_TOML ROUTE_POLICIES
-# (HTTPS on PORT when SCHEME=https, with the bench's throw-away certificate)
+# sluice_conf FILE PORT ADMIN_PORT BACKEND(memory|redis) DENY_CACHE(-|N) POLICIES_TOML ROUTE_POLICIES [AUTH]
+# (HTTPS on PORT when SCHEME=https, with the bench's throw-away certificate; AUTH = "required":
+#  [auth] with the bench's consumers, API keys and ES256 issuer, and the route requires it)
 sluice_conf() {
-    local file=$1 port=$2 admin=$3 backend=$4 deny=$5 policies=$6 route_pol=$7 listen=listen
+    local file=$1 port=$2 admin=$3 backend=$4 deny=$5 policies=$6 route_pol=$7 auth=${8:-} listen=listen
     [ "${SCHEME:-http}" = https ] && listen=tls_listen
     {
         printf '[server]\n%s = ["127.0.0.1:%s"]\nthreads = %s\naccess_log = "off"\n\n' "$listen" "$port" "${SL_THREADS:-$WORKERS}"
@@ -194,15 +220,29 @@ sluice_conf() {
             printf 'url = "redis://127.0.0.1:%s/0"\ntimeout = "50ms"\n' "$REDIS_PORT"
         fi
         [ "$deny" != - ] && printf 'deny_cache = %s\n' "$deny"
+        if [ -n "$auth" ]; then
+            # 100,000 consumers (one API key each, by SHA-256) and one ES256 issuer, from
+            # benchlib.py authdata; max_failures bans an address after 5 invalid credentials.
+            printf '\n[auth]\napi_key = ["header:x-api-key"]\nconsumer_files = ["%s"]\n' "$AUTH_DIR/consumers.toml"
+            printf 'max_failures = { limit = 5, period = "1m", ban = "10m" }\n\n'
+            printf '[[auth.jwt]]\nissuer = "https://bench.test/"\naudiences = ["bench"]\nalgorithms = ["ES256"]\n'
+            printf 'jwks_file = "%s"\n' "$AUTH_DIR/jwks.json"
+        fi
         printf '\n[upstreams.origin]\nservers = ["127.0.0.1:%s"]\n\n' "$UP_PORT"
         [ -n "$policies" ] && printf '%s\n\n' "$policies"
-        printf '[[routes]]\nname = "bench"\npath_prefix = "/"\nupstream = "origin"\npolicies = [%s]\n' "$route_pol"
+        printf '[[routes]]\nname = "bench"\npath_prefix = "/"\nupstream = "origin"\n'
+        [ -n "$auth" ] && printf 'auth = "%s"\n' "$auth"
+        printf 'policies = [%s]\n' "$route_pol"
     } >"$file"
 }
 
-# contender_info CID -> LABEL KIND BACKEND DENY POLICIES ROUTE_POL
+# contender_info CID -> LABEL KIND BACKEND DENY POLICIES ROUTE_POL AUTH WRK_DATA WRK_HEADER PRIME
+#   WRK_DATA: a benchlib.py authdata table, loaded with bench/zipf.lua (one draw per request)
+#   WRK_HEADER: one fixed header on every request (wrk -H)
+#   PRIME: what to check (and, for "ban", to do) on a fresh sluice before its load
 contender_info() {
     BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http BIN=$SLUICE SL_THREADS=$WORKERS
+    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME=""
     case ${1%\*} in
         1)  LABEL="upstream direct (nginx return 200)"; KIND=upstream ;;
         2)  LABEL="nginx proxy, keepalive"; KIND=nginx ;;
@@ -210,13 +250,26 @@ contender_info() {
         3b) LABEL="HAProxy + stick-table rate limit"; KIND=haproxy ;;
         4)  LABEL="sluice, no policies"; KIND=sluice ;;
         5)  LABEL="sluice, gcra, memory"; KIND=sluice; POLICIES=$POL_GCRA; ROUTE_POL='"per_ip"' ;;
+        5z) LABEL="sluice, gcra on header x-user, memory, no auth, $ZIPF_KEYS keys (Zipf)"; KIND=sluice
+            POLICIES=$POL_USER; ROUTE_POL='"per_user"'; WRK_DATA=$AUTH_DIR/zipf-users.lua; PRIME=user ;;
+        5k) LABEL="sluice, gcra per consumer, memory, API keys, $ZIPF_KEYS consumers (Zipf)"; KIND=sluice
+            POLICIES=$POL_CONSUMER; ROUTE_POL='"per_consumer"'; AUTH=required
+            WRK_DATA=$AUTH_DIR/zipf-keys.lua; PRIME=key ;;
+        5j) LABEL="sluice, gcra per consumer, memory, ES256 JWTs (cached), $JWT_TOKENS consumers (Zipf)"; KIND=sluice
+            POLICIES=$POL_CONSUMER; ROUTE_POL='"per_consumer"'; AUTH=required
+            WRK_DATA=$AUTH_DIR/zipf-jwt.lua; PRIME=jwt ;;
         6)  LABEL="sluice, gcra, redis"; KIND=sluice; BACKEND=redis; POLICIES=$POL_GCRA; ROUTE_POL='"per_ip"' ;;
+        6z) LABEL="sluice, gcra on header x-user, redis, $ZIPF_KEYS keys (Zipf)"; KIND=sluice; BACKEND=redis
+            POLICIES=$POL_USER; ROUTE_POL='"per_user"'; WRK_DATA=$AUTH_DIR/zipf-users.lua; PRIME=user ;;
         7)  LABEL="sluice, gcra + fixed_window + token_bucket, redis"; KIND=sluice; BACKEND=redis
             POLICIES=$POL_THREE; ROUTE_POL='"per_ip", "per_ip_window", "global"' ;;
         8a) LABEL="sluice under attack (10/min), redis, deny_cache = 100000"; KIND=sluice; BACKEND=redis
             DENY=100000; POLICIES=$POL_ATTACK; ROUTE_POL='"per_ip"' ;;
         8b) LABEL="sluice under attack (10/min), redis, deny_cache = 0"; KIND=sluice; BACKEND=redis
             DENY=0; POLICIES=$POL_ATTACK; ROUTE_POL='"per_ip"' ;;
+        8c) LABEL="sluice, invalid-token flood from an address banned by max_failures, redis, deny_cache = 100000"
+            KIND=sluice; BACKEND=redis; DENY=100000; POLICIES=$POL_CONSUMER; ROUTE_POL='"per_consumer"'
+            AUTH=required; WRK_HEADER="Authorization: Bearer $BAD_TOKEN"; PRIME=ban ;;
         9a) LABEL="nginx proxy, HTTPS keep-alive"; KIND=nginx; SCHEME=https ;;
         9b) LABEL="sluice, no policies, HTTPS keep-alive"; KIND=sluice; SCHEME=https ;;
         4w2) LABEL="sluice, no policies, threads = 2"; KIND=sluice; SL_THREADS=2 ;;
@@ -227,9 +280,36 @@ contender_info() {
 }
 
 # ------------------------------------------------------------------ load
-# run_wrk PORT SECONDS DURATION OUTFILE
+# run_wrk PORT SECONDS DURATION OUTFILE   (with the contender's WRK_DATA / WRK_HEADER, if any)
 run_wrk() {
-    run_bounded "$2" "$4" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency "${SCHEME:-http}://127.0.0.1:$1/"
+    local extra=() args=()
+    [ -n "${WRK_HEADER:-}" ] && extra=(-H "$WRK_HEADER")
+    if [ -n "${WRK_DATA:-}" ]; then
+        extra+=(-s "$BENCH_DIR/zipf.lua")
+        args=(-- "$WRK_DATA" "$SEED")
+    fi
+    run_bounded "$2" "$4" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency "${extra[@]+"${extra[@]}"}" \
+        "${SCHEME:-http}://127.0.0.1:$1/" "${args[@]+"${args[@]}"}"
+}
+
+# prime ID NAME PORT: before the load, prove that a fresh sluice admits (and, with auth,
+# refuses) what it should; for 8c, get the address banned by max_failures first.
+prime() {
+    local id=$1 name=$2 port=$3 out rc=0
+    case $PRIME in
+        user) out=$(python3 "$LIB" probe "$port" 200 1 "X-User=c1") || rc=$? ;;
+        key)  out=$(python3 "$LIB" probe "$port" 200 1 "X-Api-Key=@$AUTH_DIR/probe-key.txt") || rc=$?
+              out="$out; made-up key: $(python3 "$LIB" probe "$port" 401 1 "X-Api-Key=bk_made_up")" || rc=$? ;;
+        jwt)  out=$(python3 "$LIB" probe "$port" 200 1 "Authorization=@$AUTH_DIR/probe-jwt.txt") || rc=$?
+              out="$out; bad signature: $(python3 "$LIB" probe "$port" 401 1 "Authorization=Bearer $BAD_TOKEN")" || rc=$? ;;
+        ban)  out=$(python3 "$LIB" probe "$port" 429 10 "Authorization=Bearer $BAD_TOKEN") || rc=$? ;;
+        *) return 0 ;;
+    esac
+    log "[$id] $name: pre-load probe ($PRIME): $out"
+    if [ $rc -ne 0 ]; then
+        note "[$id] $name: the pre-load probe ($PRIME) got $out, not what the row needs: its numbers do not measure what they say"
+        FAILED=1
+    fi
 }
 
 # measure ID LABEL ROUND PORT PID(-) NAME USES_REDIS ADMIN(-) DURATION DUR_S MANIFEST
@@ -300,12 +380,13 @@ $NGINX_LIMIT_HTTP" "$NGINX_LIMIT_LOC"
         sluice)
             read -r port admin <<<"$(python3 "$LIB" ports 2)"
             [ "$BACKEND" = redis ] && { uses_redis=1; redis_cli FLUSHALL >/dev/null; }
-            sluice_conf "$TMP/conf/$name.toml" "$port" "$admin" "$BACKEND" "$DENY" "$POLICIES" "$ROUTE_POL"
+            sluice_conf "$TMP/conf/$name.toml" "$port" "$admin" "$BACKEND" "$DENY" "$POLICIES" "$ROUTE_POL" "$AUTH"
             if ! SLUICE=$BIN start_sluice "$name" "$TMP/conf/$name.toml" "$port"; then
                 printf '%s\t%s\t%s\t%s\t-\t-\n' "$cid" "$LABEL" "$round" "/dev/null" >>"$TMP/manifest.tsv"
                 return 0
             fi
-            pid=$BG_PID ;;
+            pid=$BG_PID
+            prime "$cid" "$name" "$port" ;;
     esac
     if [ "$pid" != - ] && [ "$KIND" != sluice ]; then
         wait_http "$port" "$pid" "$name" || die "$name did not answer on 127.0.0.1:$port"
@@ -318,6 +399,7 @@ $NGINX_LIMIT_HTTP" "$NGINX_LIMIT_LOC"
 
 run_algorithm() {
     local alg=$1 name="alg.$1" port admin
+    WRK_DATA="" WRK_HEADER="" SCHEME=http
     read -r port admin <<<"$(python3 "$LIB" ports 2)"
     redis_cli FLUSHALL >/dev/null
     SL_THREADS=$WORKERS sluice_conf "$TMP/conf/$name.toml" "$port" "$admin" redis 0 "$(alg_policy "$alg")" '"p"'
@@ -343,6 +425,15 @@ if [[ " $CONTENDERS " == *" 9"* ]]; then
         || die "openssl could not make the bench certificate: $(tail -n 3 "$TMP/log/openssl.log")"
 fi
 
+# Consumers, API keys, ES256 tokens and Zipf tables (5z 5k 5j 6z 8c): made here, never kept.
+AUTH_DIR=$TMP/auth BAD_TOKEN=""
+if [ $needs_auth_data -eq 1 ]; then
+    log "making $ZIPF_KEYS consumers and API keys, $JWT_TOKENS ES256 tokens and the Zipf tables in $AUTH_DIR"
+    python3 "$LIB" authdata "$AUTH_DIR" "$ZIPF_KEYS" "$JWT_TOKENS" "$SEED" >"$TMP/log/authdata.log" 2>&1 \
+        || die "benchlib.py authdata failed: $(tail -n 5 "$TMP/log/authdata.log")"
+    BAD_TOKEN=$(cat "$AUTH_DIR/bad.jwt")
+fi
+
 REDIS_PORT=""
 if [ $needs_redis -eq 1 ]; then
     start_redis
@@ -353,7 +444,7 @@ if [ $needs_sluice -eq 1 ]; then
     for cid in $CONTENDERS; do
         contender_info "$cid"
         [ "$KIND" = sluice ] || continue
-        sluice_conf "$TMP/conf/preflight.$cid.toml" 18080 19091 "$BACKEND" "$DENY" "$POLICIES" "$ROUTE_POL"
+        sluice_conf "$TMP/conf/preflight.$cid.toml" 18080 19091 "$BACKEND" "$DENY" "$POLICIES" "$ROUTE_POL" "$AUTH"
         sluice_check "$TMP/conf/preflight.$cid.toml"
     done
     for alg in $ALGORITHMS; do
@@ -370,8 +461,11 @@ fi
     echo
     echo "- machine: $(nproc) CPU(s), ${model:-unknown CPU}, kernel $(uname -r), load average at start $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-    echo "- command: \`DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WORKERS=$WORKERS WARMUP=$WARMUP ALG_DURATION=$ALG_DURATION $INVOCATION\`"
+    echo "- command: \`DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS ROUNDS=$ROUNDS WORKERS=$WORKERS WARMUP=$WARMUP ALG_DURATION=$ALG_DURATION CONTENDERS=\"$CONTENDERS\" ALGORITHMS=\"${ALGORITHMS:-none}\"$( [ $needs_auth_data -eq 1 ] && echo " ZIPF_KEYS=$ZIPF_KEYS JWT_TOKENS=$JWT_TOKENS SEED=$SEED") $INVOCATION\`"
     echo "- load: \`wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency http://127.0.0.1:PORT/\` (\`https://\` for 9a and 9b, TLS 1.3, one handshake per connection) per contender and round, $( [ "$WARMUP" = 0 ] && echo "no warm-up" || echo "after a $WARMUP unmeasured warm-up"); $ROUNDS round(s), order reversed on even rounds; median reported"
+    if [ $needs_auth_data -eq 1 ]; then
+        echo "- consumer rows: 5z, 5k, 5j and 6z send one header per request drawn by \`bench/zipf.lua\` (\`-s\`, Zipf s = 1 over a precomputed cumulative table, seed $SEED + 1000 × wrk thread): 5z and 6z \`X-User: cN\` of $ZIPF_KEYS values, 5k \`X-Api-Key\` of $ZIPF_KEYS consumers, 5j \`Authorization: Bearer\` of $JWT_TOKENS ES256 tokens (each verified once, then from sluice's token cache); 8c sends one invalid token (\`-H\`) from an address banned by max_failures before the load"
+    fi
     echo "- workers: nginx proxy worker_processes = HAProxy nbthread = sluice threads = $WORKERS; upstream nginx: 1 worker, \`return 200 \"ok\\n\"\`"
     [ -n "${BASELINE:-}" ] && echo "- A/B: rows N* run the baseline \`$BASELINE\` ($BASELINE_VERSION) right after row N in every round (before it in reversed rounds)"
     echo "- versions: sluice: $SLUICE_VERSION; $(nginx -v 2>&1 | head -n1); $( (haproxy -v 2>/dev/null || echo 'HAProxy: not used') | head -n1 | cut -d' ' -f1-3); $( (redis-server --version 2>/dev/null || echo 'Redis: not used') | cut -d' ' -f1-3); $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
