@@ -45,10 +45,10 @@ impl Identity {
         }
     }
 
-    fn of(named: &Named) -> Identity {
+    fn of(named: Named) -> Identity {
         Identity {
-            consumer: Some(named.name.clone()),
-            plan: named.plan.clone(),
+            consumer: Some(named.name),
+            plan: named.plan,
             claims: None,
         }
     }
@@ -155,6 +155,9 @@ pub struct Authenticator {
     cache: TokenCache,
     /// The `auth_failures` policy's index among the config's policies (`max_failures`).
     failures: Option<usize>,
+    /// `sluice_auth_total` of each route (by index), one counter per result in the order of
+    /// `metrics::AUTH_RESULTS`, resolved once per config: no label lookup per request.
+    counters: Vec<Vec<prometheus::IntCounter>>,
 }
 
 impl Authenticator {
@@ -178,12 +181,33 @@ impl Authenticator {
             runtime,
             issuers,
             cache: TokenCache::new(),
+            counters: config
+                .routes
+                .iter()
+                .map(|r| {
+                    if r.auth == AuthMode::Off {
+                        return Vec::new();
+                    }
+                    crate::metrics::AUTH_RESULTS
+                        .iter()
+                        .map(|result| metrics.auth.with_label_values(&[r.label(), result]))
+                        .collect()
+                })
+                .collect(),
             failures: config.auth.max_failures.and_then(|_| {
                 config
                     .policies
                     .iter()
                     .position(|p| p.name == config::AUTH_FAILURES)
             }),
+        }
+    }
+
+    /// Counts one request of route `route` with `result` (one of `metrics::AUTH_RESULTS`).
+    pub fn count(&self, route: usize, result: &str) {
+        let at = crate::metrics::AUTH_RESULTS.iter().position(|r| *r == result);
+        if let Some(counter) = at.and_then(|i| self.counters.get(route)?.get(i)) {
+            counter.inc();
         }
     }
 
@@ -228,11 +252,10 @@ impl Authenticator {
             .iter()
             .enumerate()
             .find_map(|(i, source)| {
-                let value = match source {
-                    KeyPart::Header(name) => {
-                        headers.get(name.as_str()).map(|v| v.as_bytes().to_vec())
-                    }
-                    KeyPart::Query(name) => query_value(query?, name),
+                // Borrowed from a header; decoded (owned) only from a query parameter.
+                let value: std::borrow::Cow<[u8]> = match source {
+                    KeyPart::Header(name) => headers.get(name.as_str()).map(|v| v.as_bytes().into()),
+                    KeyPart::Query(name) => query_value(query?, name).map(Into::into),
                     _ => None,
                 }?;
                 presented.api_key = Some(i);
@@ -262,7 +285,7 @@ impl Authenticator {
                     _ => Outcome::Anonymous,
                 }
             }
-            (Some(named), None) => Identity::of(&named),
+            (Some(named), None) => Identity::of(named),
             (None, Some(identity)) => identity,
             (Some(named), Some(identity)) => {
                 if identity.consumer.as_deref() != Some(&*named.name) {

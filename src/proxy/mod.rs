@@ -528,13 +528,7 @@ impl Proxy {
     ) -> Result<Option<bool>> {
         let config = &gateway.config;
         let route = &config.routes[route_id];
-        let counted = |result: &str| {
-            self.app
-                .metrics
-                .auth
-                .with_label_values(&[route.label(), result])
-                .inc();
-        };
+        let counted = |result: &str| gateway.auth.count(route_id, result);
         let grpc = response::is_grpc(&session.req_header().headers);
         let failures = gateway.auth.failures_policy();
         if let Some(id) = failures {
