@@ -11,7 +11,7 @@
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
 #   CONTENDERS         subset to run, e.g. "1 2 4"
-#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2]
+#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p]
 #   ZIPF_KEYS [100000] distinct keys / consumers / API keys of rows 5z, 5k and 6z (Zipf, s = 1)
 #   JWT_TOKENS [1000]  distinct ES256 tokens (consumers) of row 5j (Zipf, s = 1)
 #   SEED [1]           seed of the API keys and of bench/zipf.lua's draws (wrk thread i: SEED + 1000 i)
@@ -43,7 +43,7 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2"
+ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
@@ -77,7 +77,7 @@ ALG_DUR_S=$(python3 "$LIB" seconds "$ALG_DURATION")
 if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 
 needs_sluice=0
-for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|7|8a|8b|8c|9b|4w2|6w2) needs_sluice=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|7|8a|8b|8c|9b|4w2|6w2|4h|4p) needs_sluice=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_sluice=1
 needs_redis=0
 for c in $CONTENDERS; do case $c in 6|6z|7|8a|8b|8c|6w2) needs_redis=1 ;; esac; done
@@ -230,6 +230,12 @@ sluice_conf() {
         fi
         printf '\n[upstreams.origin]\nservers = ["127.0.0.1:%s"]\n\n' "$UP_PORT"
         [ -n "$policies" ] && printf '%s\n\n' "$policies"
+        # 4h and 4p: 10,000 tenant routes (by host, or by path prefix) before the one every
+        # request matches, all counted under one metrics_as label (DESIGN section 16).
+        case ${TENANTS:-} in
+            hosts) python3 -c 'for i in range(10000): print(f"[[routes]]\nname = \"t{i}\"\nhosts = [\"tenant-{i}.example.com\"]\nmetrics_as = \"tenants\"\nupstream = \"origin\"\n")' ;;
+            prefixes) python3 -c 'for i in range(10000): print(f"[[routes]]\nname = \"t{i}\"\npath_prefix = \"/tenant-{i}/\"\nmetrics_as = \"tenants\"\nupstream = \"origin\"\n")' ;;
+        esac
         printf '[[routes]]\nname = "bench"\npath_prefix = "/"\nupstream = "origin"\n'
         [ -n "$auth" ] && printf 'auth = "%s"\n' "$auth"
         printf 'policies = [%s]\n' "$route_pol"
@@ -242,7 +248,7 @@ sluice_conf() {
 #   PRIME: what to check (and, for "ban", to do) on a fresh sluice before its load
 contender_info() {
     BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http BIN=$SLUICE SL_THREADS=$WORKERS
-    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME=""
+    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME="" TENANTS=""
     case ${1%\*} in
         1)  LABEL="upstream direct (nginx return 200)"; KIND=upstream ;;
         2)  LABEL="nginx proxy, keepalive"; KIND=nginx ;;
@@ -273,6 +279,8 @@ contender_info() {
         9a) LABEL="nginx proxy, HTTPS keep-alive"; KIND=nginx; SCHEME=https ;;
         9b) LABEL="sluice, no policies, HTTPS keep-alive"; KIND=sluice; SCHEME=https ;;
         4w2) LABEL="sluice, no policies, threads = 2"; KIND=sluice; SL_THREADS=2 ;;
+        4h) LABEL="sluice, no policies, the catch-all after 10,000 host routes"; KIND=sluice; TENANTS=hosts ;;
+        4p) LABEL="sluice, no policies, the catch-all after 10,000 path-prefix routes"; KIND=sluice; TENANTS=prefixes ;;
         6w2) LABEL="sluice, gcra, redis, threads = 2"; KIND=sluice; SL_THREADS=2; BACKEND=redis
              POLICIES=$POL_GCRA; ROUTE_POL='"per_ip"' ;;
     esac
