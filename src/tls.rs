@@ -21,8 +21,11 @@ use crate::metrics::Metrics;
 /// The certificates of one config, indexed by SNI name.
 struct CertificateSet {
     exact: HashMap<String, Arc<CertifiedKey>>,
-    /// (".example.com", certificate) for `*.example.com`, longest suffix first.
-    wildcards: Vec<(String, Arc<CertifiedKey>)>,
+    /// `*.example.com` certificates by ".example.com": one lookup per distinct suffix
+    /// length, longest first, however many certificates there are (DESIGN §16).
+    wildcards: HashMap<String, Arc<CertifiedKey>>,
+    /// The distinct lengths of `wildcards`' suffixes, longest first.
+    wildcard_lengths: Vec<usize>,
     /// The first `[[certificates]]` entry: for no SNI, or a name nobody lists.
     default: Option<Arc<CertifiedKey>>,
     min_version: TlsVersion,
@@ -31,7 +34,7 @@ struct CertificateSet {
 impl CertificateSet {
     fn new(config: &Config) -> CertificateSet {
         let mut exact = HashMap::new();
-        let mut wildcards = Vec::new();
+        let mut wildcards = HashMap::new();
         for cert in &config.certificates {
             for host in &cert.hosts {
                 match host {
@@ -40,14 +43,18 @@ impl CertificateSet {
                             .entry(name.clone())
                             .or_insert_with(|| cert.key.clone());
                     }
-                    HostMatch::Suffix(suffix) => wildcards.push((suffix.clone(), cert.key.clone())),
+                    // The earlier entry wins, as for exact names.
+                    HostMatch::Suffix(suffix) => {
+                        wildcards
+                            .entry(suffix.clone())
+                            .or_insert_with(|| cert.key.clone());
+                    }
                 }
             }
         }
-        // Stable: among equal lengths the earlier entry wins.
-        wildcards.sort_by_key(|(suffix, _)| std::cmp::Reverse(suffix.len()));
         CertificateSet {
             exact,
+            wildcard_lengths: lengths_longest_first(&wildcards),
             wildcards,
             default: config.certificates.first().map(|c| c.key.clone()),
             min_version: config.tls.min_version,
@@ -61,16 +68,26 @@ impl CertificateSet {
             if let Some(key) = self.exact.get(&name) {
                 return Some(key.clone());
             }
-            let wildcard = self
-                .wildcards
-                .iter()
-                .find(|(suffix, _)| name.len() > suffix.len() && name.ends_with(suffix.as_str()));
-            if let Some((_, key)) = wildcard {
-                return Some(key.clone());
+            for &len in &self.wildcard_lengths {
+                // "*.example.com" covers "a.example.com", never "example.com" itself.
+                let found = (name.len() > len)
+                    .then(|| name.get(name.len() - len..))
+                    .flatten()
+                    .and_then(|suffix| self.wildcards.get(suffix));
+                if let Some(key) = found {
+                    return Some(key.clone());
+                }
             }
         }
         self.default.clone()
     }
+}
+
+fn lengths_longest_first(wildcards: &HashMap<String, Arc<CertifiedKey>>) -> Vec<usize> {
+    let mut lengths: Vec<usize> = wildcards.keys().map(String::len).collect();
+    lengths.sort_unstable_by(|a, b| b.cmp(a));
+    lengths.dedup();
+    lengths
 }
 
 /// The certificate resolver every TLS listener shares; `update` swaps in a new config's set.
@@ -230,12 +247,14 @@ mod tests {
 
     #[test]
     fn sni_exact_then_longest_wildcard_then_default() {
+        let wildcards = HashMap::from([
+            (".eu.example.com".to_owned(), key(3)),
+            (".example.com".to_owned(), key(2)),
+        ]);
         let set = CertificateSet {
             exact: HashMap::from([("api.example.com".to_owned(), key(1))]),
-            wildcards: vec![
-                (".eu.example.com".to_owned(), key(3)),
-                (".example.com".to_owned(), key(2)),
-            ],
+            wildcard_lengths: lengths_longest_first(&wildcards),
+            wildcards,
             default: Some(key(9)),
             min_version: TlsVersion::V1_2,
         };

@@ -205,7 +205,9 @@ impl Authenticator {
 
     /// Counts one request of route `route` with `result` (one of `metrics::AUTH_RESULTS`).
     pub fn count(&self, route: usize, result: &str) {
-        let at = crate::metrics::AUTH_RESULTS.iter().position(|r| *r == result);
+        let at = crate::metrics::AUTH_RESULTS
+            .iter()
+            .position(|r| *r == result);
         if let Some(counter) = at.and_then(|i| self.counters.get(route)?.get(i)) {
             counter.inc();
         }
@@ -254,7 +256,9 @@ impl Authenticator {
             .find_map(|(i, source)| {
                 // Borrowed from a header; decoded (owned) only from a query parameter.
                 let value: std::borrow::Cow<[u8]> = match source {
-                    KeyPart::Header(name) => headers.get(name.as_str()).map(|v| v.as_bytes().into()),
+                    KeyPart::Header(name) => {
+                        headers.get(name.as_str()).map(|v| v.as_bytes().into())
+                    }
                     KeyPart::Query(name) => query_value(query?, name).map(Into::into),
                     _ => None,
                 }?;
