@@ -42,15 +42,17 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
     };
     // Read with the config by `consumer_files`, below; only its type is checked here.
     let _ = t.strings("consumer_files");
-    let header = |key: &str, default: String| match t.string(key) {
-        Some(s) if valid_header_name(&s.value) => s.value.to_ascii_lowercase(),
-        Some(s) => {
-            p.at(
-                &s.span,
-                format!("`{key}`: \"{}\" is not a valid header name", s.value),
-            );
-            default
-        }
+    let header = |key: &str, default: http::HeaderName| match t.string(key) {
+        Some(s) => match http::HeaderName::from_bytes(s.value.as_bytes()) {
+            Ok(name) => name,
+            Err(_) => {
+                p.at(
+                    &s.span,
+                    format!("`{key}`: \"{}\" is not a valid header name", s.value),
+                );
+                default
+            }
+        },
         None => default,
     };
     let consumer_header = header("consumer_header", defaults.consumer_header);

@@ -457,9 +457,9 @@ pub enum AuthMode {
 pub struct Auth {
     /// `header:NAME` / `query:NAME` sources of an API key, tried in order.
     pub api_key: Vec<KeyPart>,
-    /// Lower-case header names.
-    pub consumer_header: String,
-    pub plan_header: String,
+    /// Parsed once: set on every authenticated request.
+    pub consumer_header: http::HeaderName,
+    pub plan_header: http::HeaderName,
     pub strip_headers: Vec<String>,
     pub hide_credentials: bool,
     pub max_failures: Option<MaxFailures>,
@@ -470,8 +470,8 @@ impl Default for Auth {
     fn default() -> Self {
         Auth {
             api_key: vec![KeyPart::Header("x-api-key".into())],
-            consumer_header: "x-consumer".into(),
-            plan_header: "x-consumer-plan".into(),
+            consumer_header: http::HeaderName::from_static("x-consumer"),
+            plan_header: http::HeaderName::from_static("x-consumer-plan"),
             strip_headers: Vec::new(),
             hide_credentials: false,
             max_failures: None,

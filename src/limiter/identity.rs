@@ -26,6 +26,9 @@ impl Limiter {
     /// Milliseconds left of a `max_failures` ban on `client_ip`: one lookup, before any
     /// credential is looked at.
     pub fn auth_banned(&self, policy: &Policy, client_ip: IpAddr) -> Option<u64> {
+        if !self.shared.any_auth_ban() {
+            return None;
+        }
         let key = self.failure_key(policy, client_ip);
         self.shared.auth_banned(&key, runtime::unix_ms())
     }

@@ -66,6 +66,8 @@ pub struct Shared {
     /// Addresses banned by `max_failures`: storage key -> until (Unix ms), checked before
     /// any credential, here and (announced) on every instance.
     auth_bans: Mutex<HashMap<String, u64>>,
+    /// `auth_bans.len()`, read without the lock (or a key) on every request.
+    auth_ban_count: AtomicUsize,
 }
 
 /// Bans remembered at most; past it, expired ones go first, then the oldest half.
@@ -137,17 +139,21 @@ impl Shared {
         if let Some(cache) = self.deny_cache.lock().as_ref() {
             cache.forget(key);
         }
-        self.auth_bans.lock().remove(key);
+        let mut bans = self.auth_bans.lock();
+        bans.remove(key);
+        self.auth_ban_count.store(bans.len(), Ordering::Relaxed);
     }
 
     /// Milliseconds left of a `max_failures` ban on `key`, if one stands.
     pub fn auth_banned(&self, key: &str, now_ms: u64) -> Option<u64> {
-        let bans = self.auth_bans.lock();
-        if bans.is_empty() {
-            return None;
-        }
-        let until = *bans.get(key)?;
+        let until = *self.auth_bans.lock().get(key)?;
         (until > now_ms).then(|| until - now_ms)
+    }
+
+    /// Whether any address is banned by `max_failures` (then a request's key is worth
+    /// building).
+    pub fn any_auth_ban(&self) -> bool {
+        self.auth_ban_count.load(Ordering::Relaxed) > 0
     }
 
     pub fn auth_ban(&self, key: &str, until_ms: u64) {
@@ -164,6 +170,7 @@ impl Shared {
         }
         let entry = bans.entry(key.to_owned()).or_insert(until_ms);
         *entry = (*entry).max(until_ms);
+        self.auth_ban_count.store(bans.len(), Ordering::Relaxed);
     }
 }
 

@@ -628,8 +628,8 @@ async fn write_denial(
 /// with `auth`, and with `hide_credentials` the credential itself is not passed on.
 fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) -> Result<()> {
     let settings = gateway.auth.settings();
-    upstream.remove_header(settings.consumer_header.as_str());
-    upstream.remove_header(settings.plan_header.as_str());
+    upstream.remove_header(&settings.consumer_header);
+    upstream.remove_header(&settings.plan_header);
     for name in &settings.strip_headers {
         upstream.remove_header(name.as_str());
     }
@@ -640,10 +640,10 @@ fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) 
         return Ok(());
     }
     if let Some(consumer) = ctx.identity.consumer.as_deref() {
-        upstream.insert_header(settings.consumer_header.clone(), consumer)?;
+        upstream.insert_header(&settings.consumer_header, consumer)?;
     }
     if let Some(plan) = ctx.identity.plan.as_deref() {
-        upstream.insert_header(settings.plan_header.clone(), plan)?;
+        upstream.insert_header(&settings.plan_header, plan)?;
     }
     if settings.hide_credentials {
         if ctx.presented.bearer {
