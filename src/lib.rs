@@ -2,7 +2,8 @@
 //!
 //! - `cli`: the command line.
 //! - `config`: the TOML file, validated once into a typed model with located errors.
-//! - `routing`: which route a request belongs to.
+//! - `routing`: which route a request belongs to: the first-match rule as a plain scan,
+//!   and `RouteIndex`, which answers it by hash whatever the number of routes.
 //! - `auth`: who is asking, verified: API keys by digest, JWTs against each issuer's keys
 //!   (`jwks`: files and URLs), consumers of the config and the admin API.
 //! - `key`: the client IP and the rate key of a policy for a request.

@@ -243,10 +243,10 @@ impl ProxyHttp for Proxy {
             .await?;
             return Ok(true);
         }
-        if route.auth != AuthMode::Off {
-            if let Some(refused) = self.authenticate(session, ctx, &gateway, route_id).await? {
-                return Ok(refused);
-            }
+        if route.auth != AuthMode::Off
+            && self.authenticate(session, ctx, &gateway, route_id).await?
+        {
+            return Ok(true);
         }
         let req = session.req_header();
         let client_cert = crate::tls::client_cert_id(session.digest());
@@ -517,15 +517,15 @@ impl ProxyHttp for Proxy {
 
 impl Proxy {
     /// Who is asking (DESIGN §11): a banned address is refused before any credential is
-    /// looked at; an invalid credential counts against `max_failures`. Some(true): a
-    /// refusal was written; None: `ctx.identity` is set and the request goes on.
+    /// looked at; an invalid credential counts against `max_failures`. True: a refusal was
+    /// written; false: `ctx.identity` is set and the request goes on.
     async fn authenticate(
         &self,
         session: &mut Session,
         ctx: &mut Ctx,
         gateway: &Gateway,
         route_id: usize,
-    ) -> Result<Option<bool>> {
+    ) -> Result<bool> {
         let config = &gateway.config;
         let route = &config.routes[route_id];
         let counted = |result: &str| gateway.auth.count(route_id, result);
@@ -543,7 +543,7 @@ impl Proxy {
                     violated: vec![AUTH_FAILURES.to_owned()],
                 };
                 write_denial(session, grpc, &denial, &[]).await?;
-                return Ok(Some(true));
+                return Ok(true);
             }
         }
         let req = session.req_header();
@@ -555,9 +555,9 @@ impl Proxy {
             auth::Outcome::Verified(identity, presented) => {
                 ctx.identity = identity;
                 ctx.presented = presented;
-                return Ok(None);
+                return Ok(false);
             }
-            auth::Outcome::Anonymous => return Ok(None),
+            auth::Outcome::Anonymous => return Ok(false),
             auth::Outcome::Missing => response::AuthRefusal::Missing,
             auth::Outcome::Unavailable(why) => response::AuthRefusal::Unavailable(why),
             auth::Outcome::Invalid(why) => {
@@ -594,7 +594,7 @@ impl Proxy {
             let (status, headers, body) = response::auth_refusal(&refusal);
             write_response(session, status, &headers, response::PROBLEM, body.into()).await?;
         }
-        Ok(Some(true))
+        Ok(true)
     }
 }
 
