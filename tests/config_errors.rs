@@ -50,6 +50,21 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "edge_rules.toml",
+        &[
+            "3:14: `request_id`: \"x request id\" is not a valid header name",
+            "6:10: `scheme`: unknown value \"ftp\" (expected one of: http, https)",
+            "7:41: `status` must be between 300 and 399, found 200",
+            "10:12: a redirect takes exactly one of `scheme` and `location`",
+            "14:1: `strip_prefix` needs a `path_prefix`",
+            "15:29: `request_headers`: \"bad header\" is not a valid header name",
+            "15:58: `request_headers`: \"line\\nbreak\" is not a valid header value",
+            "15:85: `request_headers`: \"x y\" is not a valid header name",
+            "16:22: unknown key `sett` in `response_headers`",
+            "21:1: a route takes exactly one of `upstream`, `respond` and `redirect`",
+        ],
+    ),
+    (
         "bad_cidr.toml",
         &[
             "3:20: `trusted_proxies`: bad CIDR \"10.0.0.0/33\" (expected e.g. \"10.0.0.0/8\" or \"2001:db8::/32\")",
@@ -167,8 +182,8 @@ const CASES: &[(&str, &[&str])] = &[
     (
         "route_target.toml",
         &[
-            "8:1: a route takes exactly one of `upstream` and `respond`, not both",
-            "9:1: a route needs exactly one of `upstream` and `respond`",
+            "8:1: a route takes exactly one of `upstream`, `respond` and `redirect`",
+            "9:1: a route needs exactly one of `upstream`, `respond` and `redirect`",
         ],
     ),
     (

@@ -5,6 +5,7 @@
 
 mod auth;
 mod certs;
+mod edge;
 mod tree;
 mod validate;
 pub use validate::parse_duration;
@@ -65,6 +66,8 @@ pub struct Server {
     pub max_connections_per_ip: u32,
     /// Cleartext listeners also accept prior-knowledge HTTP/2 (read at start-up).
     pub h2c: bool,
+    /// `request_id`: the header carrying each request's id (DESIGN §14); None = off.
+    pub request_id: Option<http::HeaderName>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -432,6 +435,41 @@ pub struct Route {
     pub auth: AuthMode,
     /// `metrics_as`: the `route` label this route is counted under (DESIGN §16).
     pub metrics_as: Option<String>,
+    /// `scheme`: only requests that arrived over this scheme match (DESIGN §14).
+    pub scheme: Option<Scheme>,
+    /// `strip_prefix`: the upstream gets the path without the route's `path_prefix`.
+    pub strip_prefix: bool,
+    /// Header rules for the upstream request, and for every response of the route.
+    pub request_headers: HeaderRules,
+    pub response_headers: HeaderRules,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+/// `{ set = { NAME = VALUE }, remove = [NAME] }`: removals first, then sets.
+#[derive(Debug, Clone, Default)]
+pub struct HeaderRules {
+    pub set: Vec<(http::HeaderName, http::HeaderValue)>,
+    pub remove: Vec<http::HeaderName>,
+}
+
+impl HeaderRules {
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.remove.is_empty()
+    }
+}
+
+/// Where a `redirect` route sends the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedirectTo {
+    /// The same host, path and query, over this scheme.
+    Scheme(Scheme),
+    /// A fixed location.
+    Location(String),
 }
 
 impl Route {
@@ -554,6 +592,10 @@ pub enum Target {
         status: u16,
         body: String,
         content_type: String,
+    },
+    Redirect {
+        to: RedirectTo,
+        status: u16,
     },
 }
 

@@ -690,6 +690,10 @@ fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
     let max_connections_per_ip = t
         .int("max_connections_per_ip", 0..=i64::from(u32::MAX))
         .map_or(0, |n| n.value as u32);
+    let request_id = t
+        .string("request_id")
+        .filter(|s| !s.value.is_empty())
+        .and_then(|s| super::edge::header_name(p, &s, "request_id"));
     let h2c = t.bool("h2c").unwrap_or(false);
     if h2c && !has_plain {
         p.at(
@@ -713,6 +717,7 @@ fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
         max_request_body,
         max_connections_per_ip,
         h2c,
+        request_id,
     })
 }
 
@@ -1548,26 +1553,36 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
         .collect();
     let upstream = t.string("upstream");
     let respond = t.get("respond");
-    let target = match (upstream, respond) {
-        (Some(u), None) => match upstreams.iter().position(|x| x.name == u.value) {
+    let redirect = t.get("redirect");
+    let targets = usize::from(upstream.is_some())
+        + usize::from(respond.is_some())
+        + usize::from(redirect.is_some());
+    let target = match (upstream, respond, redirect) {
+        _ if targets > 1 => {
+            let second = ["respond", "redirect"]
+                .into_iter()
+                .rev()
+                .find(|k| t.get(k).is_some())
+                .unwrap_or("respond");
+            p.at(
+                &t.key_span(second),
+                "a route takes exactly one of `upstream`, `respond` and `redirect`",
+            );
+            None
+        }
+        (Some(u), _, _) => match upstreams.iter().position(|x| x.name == u.value) {
             Some(i) => Some(Target::Upstream(i)),
             None => {
                 p.at(&u.span, format!("unknown upstream \"{}\"", u.value));
                 None
             }
         },
-        (None, Some(node)) => respond_target(p, node),
-        (Some(_), Some(_)) => {
-            p.at(
-                &t.key_span("respond"),
-                "a route takes exactly one of `upstream` and `respond`, not both",
-            );
-            None
-        }
-        (None, None) => {
+        (_, Some(node), _) => respond_target(p, node),
+        (_, _, Some(node)) => super::edge::redirect_target(p, node),
+        (None, None, None) => {
             p.at(
                 &t.span,
-                "a route needs exactly one of `upstream` and `respond`",
+                "a route needs exactly one of `upstream`, `respond` and `redirect`",
             );
             None
         }
@@ -1595,12 +1610,35 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
             ],
         )
         .unwrap_or(AuthMode::Off);
+    let scheme = t.choice(
+        "scheme",
+        &[("http", Scheme::Http), ("https", Scheme::Https)],
+    );
+    let strip_prefix = t.bool("strip_prefix").unwrap_or(false);
+    if strip_prefix && !matches!(path, PathMatch::Prefix(_)) {
+        p.at(
+            &t.key_span("strip_prefix"),
+            "`strip_prefix` needs a `path_prefix`",
+        );
+    }
+    let request_headers = t
+        .get("request_headers")
+        .map(|n| super::edge::header_rules(p, n, "request_headers"))
+        .unwrap_or_default();
+    let response_headers = t
+        .get("response_headers")
+        .map(|n| super::edge::header_rules(p, n, "response_headers"))
+        .unwrap_or_default();
     let metrics_as = t.string("metrics_as").map(|s| {
         check_name(p, &s, "metrics_as");
         s.value
     });
     Some(Route {
         metrics_as,
+        scheme,
+        strip_prefix,
+        request_headers,
+        response_headers,
         name: name?.value,
         hosts,
         path,

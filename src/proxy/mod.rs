@@ -18,7 +18,10 @@ use pingora::proxy::FailToProxy;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 
 use crate::auth::{self, Identity, Presented};
-use crate::config::{AccessLog, AuthMode, KeyPart, Target, UpstreamProtocol, AUTH_FAILURES};
+use crate::config::{
+    AccessLog, AuthMode, HeaderRules, KeyPart, PathMatch, RedirectTo, Scheme, Target,
+    UpstreamProtocol, AUTH_FAILURES,
+};
 use crate::gateway::{App, Gateway};
 use crate::key::{self, RequestFacts};
 use crate::limiter::{Lease, PolicyOutcome};
@@ -54,6 +57,8 @@ pub struct Ctx {
     /// were presented (for `hide_credentials`).
     identity: Identity,
     presented: Presented,
+    /// `[server] request_id`: its header and this request's id.
+    request_id: Option<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl Drop for Ctx {
@@ -79,19 +84,63 @@ impl Ctx {
     }
 }
 
+/// What every answer of sluice's own carries besides its own headers (DESIGN §14): the
+/// route's `response_headers` rules and the request id.
+#[derive(Clone, Copy, Default)]
+struct Extra<'a> {
+    rules: Option<&'a HeaderRules>,
+    request_id: Option<&'a (http::HeaderName, http::HeaderValue)>,
+}
+
+impl<'a> Extra<'a> {
+    fn of(ctx: &'a Ctx, gateway: &'a Gateway) -> Extra<'a> {
+        Extra {
+            rules: ctx
+                .route
+                .map(|r| &gateway.config.routes[r].response_headers)
+                .filter(|r| !r.is_empty()),
+            request_id: ctx.request_id.as_ref(),
+        }
+    }
+
+    /// The route's rules first, so sluice's own headers (RateLimit, Retry-After, ...) set
+    /// after them always survive.
+    fn apply_rules(&self, resp: &mut ResponseHeader) -> Result<()> {
+        if let Some(rules) = self.rules {
+            for name in &rules.remove {
+                resp.remove_header(name);
+            }
+            for (name, value) in &rules.set {
+                resp.insert_header(name, value)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_request_id(&self, resp: &mut ResponseHeader) -> Result<()> {
+        if let Some((name, value)) = self.request_id {
+            resp.insert_header(name, value)?;
+        }
+        Ok(())
+    }
+}
+
 async fn write_response(
     session: &mut Session,
     status: u16,
     headers: &[(&'static str, String)],
     content_type: &str,
     body: Bytes,
+    extra: Extra<'_>,
 ) -> Result<()> {
     let mut resp = ResponseHeader::build(status, Some(headers.len() + 2))?;
+    extra.apply_rules(&mut resp)?;
     resp.insert_header("Content-Type", content_type)?;
     resp.insert_header("Content-Length", body.len().to_string())?;
     for (name, value) in headers {
         resp.insert_header(*name, value.as_str())?;
     }
+    extra.apply_request_id(&mut resp)?;
     let head = session.req_header().method == http::Method::HEAD;
     session
         .write_response_header(Box::new(resp), head || body.is_empty())
@@ -105,8 +154,13 @@ async fn write_response(
 /// A gRPC answer of sluice's own (DESIGN §8): HTTP 200, trailers-only. `headers` carry
 /// `grpc-status`, `grpc-message` and the rate-limit headers, all in one HEADERS frame
 /// with END_STREAM.
-async fn write_grpc(session: &mut Session, headers: &[(&'static str, String)]) -> Result<()> {
+async fn write_grpc(
+    session: &mut Session,
+    headers: &[(&'static str, String)],
+    extra: Extra<'_>,
+) -> Result<()> {
     let mut resp = ResponseHeader::build(200, Some(headers.len() + 2))?;
+    extra.apply_rules(&mut resp)?;
     resp.insert_header("Content-Type", response::GRPC)?;
     if !session.is_http2() {
         // HTTP/1.1 has no trailers-only form; this at least ends the response cleanly.
@@ -115,6 +169,7 @@ async fn write_grpc(session: &mut Session, headers: &[(&'static str, String)]) -
     for (name, value) in headers {
         resp.insert_header(*name, value.as_str())?;
     }
+    extra.apply_request_id(&mut resp)?;
     match session.as_downstream_mut() {
         // Pingora's `Session::write_response_header` never sets END_STREAM on h2 (an empty
         // DATA frame ends the stream later, or a reset when the session is dropped after a
@@ -151,6 +206,7 @@ impl ProxyHttp for Proxy {
             body_seen: 0,
             identity: Identity::anonymous(),
             presented: Presented::default(),
+            request_id: None,
         }
     }
 
@@ -180,7 +236,8 @@ impl ProxyHttp for Proxy {
         if let Some(problem) = host_problem(session.req_header()) {
             session.set_keepalive(None);
             let body = response::problem(400, "Bad Request", problem);
-            write_response(session, 400, &[], response::PROBLEM, body.into()).await?;
+            let extra = Extra::default();
+            write_response(session, 400, &[], response::PROBLEM, body.into(), extra).await?;
             return Ok(true);
         }
         let req = session.req_header();
@@ -207,12 +264,27 @@ impl ProxyHttp for Proxy {
             &config.server.client_ip_header,
             &config.server.trusted_proxies,
         );
+        if let Some(name) = &config.server.request_id {
+            let id = request_id(&req.headers, name, peer, &config.server.trusted_proxies);
+            session.req_header_mut().insert_header(name, &id)?;
+            ctx.request_id = Some((name.clone(), id));
+        }
+        let req = session.req_header();
+        let scheme = if session.digest().is_some_and(|d| d.ssl_digest.is_some()) {
+            Scheme::Https
+        } else {
+            Scheme::Http
+        };
 
         let grpc = response::is_grpc(&req.headers);
-        let Some(route_id) = gateway.routes.find(&config.routes, &host, &path, &method) else {
+        let found = gateway
+            .routes
+            .find(&config.routes, &host, &path, &method, scheme);
+        let Some(route_id) = found else {
+            let extra = Extra::of(ctx, &gateway);
             if grpc {
                 let status = response::grpc_status(response::GrpcStatus::Unimplemented, "no route");
-                write_grpc(session, &status).await?;
+                write_grpc(session, &status, extra).await?;
                 return Ok(true);
             }
             write_response(
@@ -221,6 +293,7 @@ impl ProxyHttp for Proxy {
                 &[],
                 "text/plain",
                 Bytes::from_static(b"no route\n"),
+                extra,
             )
             .await?;
             return Ok(true);
@@ -239,6 +312,7 @@ impl ProxyHttp for Proxy {
                 &[],
                 response::PROBLEM,
                 response::body_too_large().into(),
+                Extra::of(ctx, &gateway),
             )
             .await?;
             return Ok(true);
@@ -273,23 +347,58 @@ impl ProxyHttp for Proxy {
         ctx.decisions = outcome.policies;
         ctx.leases = outcome.leases;
         if let Some(denial) = &outcome.denial {
-            write_denial(session, grpc, denial, &ctx.rate_headers).await?;
+            let extra = Extra::of(ctx, &gateway);
+            write_denial(session, grpc, denial, &ctx.rate_headers, extra).await?;
             return Ok(true);
         }
         if outcome.wait_ms > 0 {
             tokio::time::sleep(Duration::from_millis(outcome.wait_ms)).await;
         }
-        if let Target::Respond {
-            status,
-            body,
-            content_type,
-        } = &route.target
-        {
-            let body = Bytes::from(body.clone());
-            write_response(session, *status, &ctx.rate_headers, content_type, body).await?;
-            return Ok(true);
+        let extra = Extra::of(ctx, &gateway);
+        match &route.target {
+            Target::Respond {
+                status,
+                body,
+                content_type,
+            } => {
+                let body = Bytes::from(body.clone());
+                write_response(
+                    session,
+                    *status,
+                    &ctx.rate_headers,
+                    content_type,
+                    body,
+                    extra,
+                )
+                .await?;
+                Ok(true)
+            }
+            Target::Redirect { to, status } => {
+                let location = match to {
+                    RedirectTo::Location(l) => l.clone(),
+                    RedirectTo::Scheme(s) => {
+                        let scheme = if *s == Scheme::Https { "https" } else { "http" };
+                        format!(
+                            "{scheme}://{host}{}",
+                            target_as_received(session.req_header())
+                        )
+                    }
+                };
+                let mut headers = ctx.rate_headers.clone();
+                headers.push(("Location", location));
+                write_response(
+                    session,
+                    *status,
+                    &headers,
+                    "text/plain",
+                    Bytes::new(),
+                    extra,
+                )
+                .await?;
+                Ok(true)
+            }
+            Target::Upstream(_) => Ok(false),
         }
-        Ok(false)
     }
 
     async fn request_body_filter(
@@ -387,7 +496,11 @@ impl ProxyHttp for Proxy {
             // The upstream could not be reached or failed before answering.
             let status =
                 response::grpc_status(response::GrpcStatus::Unavailable, "upstream unavailable");
-            if let Err(e) = write_grpc(session, &status).await {
+            let extra = match &ctx.gateway {
+                Some(gateway) => Extra::of(ctx, gateway),
+                None => Extra::default(),
+            };
+            if let Err(e) = write_grpc(session, &status, extra).await {
                 log::debug!("could not answer gRPC {code}: {e}");
             }
         } else if code > 0 {
@@ -429,6 +542,9 @@ impl ProxyHttp for Proxy {
     ) -> Result<()> {
         if let Some(gateway) = &ctx.gateway {
             identity_headers(upstream, gateway, ctx)?;
+            if let Some(route) = ctx.route.map(|r| &gateway.config.routes[r]) {
+                upstream_edits(upstream, route)?;
+            }
         }
         // An absolute-form target (`GET http://host/path`) reaches the upstream in origin
         // form. Pingora keeps its raw bytes for the wire; its Uri holds only the path, and
@@ -465,6 +581,14 @@ impl ProxyHttp for Proxy {
             && session.is_upgrade(resp) == Some(true)
         {
             session.set_read_timeout(None);
+        }
+        if let Some(gateway) = &ctx.gateway {
+            let extra = Extra::of(ctx, gateway);
+            extra.apply_rules(resp)?;
+            for (name, value) in &ctx.rate_headers {
+                resp.insert_header(*name, value.as_str())?;
+            }
+            return extra.apply_request_id(resp);
         }
         for (name, value) in &ctx.rate_headers {
             resp.insert_header(*name, value.as_str())?;
@@ -542,7 +666,7 @@ impl Proxy {
                     retry_after_ms: ms,
                     violated: vec![AUTH_FAILURES.to_owned()],
                 };
-                write_denial(session, grpc, &denial, &[]).await?;
+                write_denial(session, grpc, &denial, &[], Extra::of(ctx, gateway)).await?;
                 return Ok(true);
             }
         }
@@ -588,11 +712,20 @@ impl Proxy {
                 response::AuthRefusal::Invalid(why)
             }
         };
+        let extra = Extra::of(ctx, gateway);
         if grpc {
-            write_grpc(session, &response::grpc_auth_refusal(&refusal)).await?;
+            write_grpc(session, &response::grpc_auth_refusal(&refusal), extra).await?;
         } else {
             let (status, headers, body) = response::auth_refusal(&refusal);
-            write_response(session, status, &headers, response::PROBLEM, body.into()).await?;
+            write_response(
+                session,
+                status,
+                &headers,
+                response::PROBLEM,
+                body.into(),
+                extra,
+            )
+            .await?;
         }
         Ok(true)
     }
@@ -604,23 +737,93 @@ async fn write_denial(
     grpc: bool,
     denial: &crate::limiter::Denial,
     rate_headers: &[(&'static str, String)],
+    extra: Extra<'_>,
 ) -> Result<()> {
     if grpc {
         let mut headers = response::grpc_denial(denial);
         headers.extend(rate_headers.iter().cloned());
-        return write_grpc(session, &headers).await;
+        return write_grpc(session, &headers, extra).await;
     }
-    let (status, extra, body) = response::denial(denial);
+    let (status, more, body) = response::denial(denial);
     let mut headers = rate_headers.to_vec();
-    headers.extend(extra);
+    headers.extend(more);
     write_response(
         session,
         status,
         &headers,
         response::PROBLEM,
         Bytes::from(body),
+        extra,
     )
     .await
+}
+
+/// The request target as the client sent it (path and query, byte for byte), for a
+/// redirect that keeps both.
+fn target_as_received(req: &RequestHeader) -> String {
+    let raw = String::from_utf8_lossy(req.raw_path());
+    if raw.starts_with('/') {
+        raw.into_owned()
+    } else {
+        // Absolute form: the path and query of the URI.
+        req.uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned()
+    }
+}
+
+/// `[server] request_id` (DESIGN §14): a trusted proxy's id is kept; anyone else's is
+/// replaced by a new random 128-bit id (32 hex digits).
+fn request_id(
+    headers: &http::HeaderMap,
+    name: &http::HeaderName,
+    peer: IpAddr,
+    trusted: &[ipnet::IpNet],
+) -> http::HeaderValue {
+    let peer = match peer {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+        v4 => v4,
+    };
+    if trusted.iter().any(|net| net.contains(&peer)) {
+        if let Some(id) = headers
+            .get(name)
+            .filter(|v| !v.is_empty() && v.len() <= 200)
+        {
+            return id.clone();
+        }
+    }
+    let id = crate::auth::consumers::hex(&rand::random::<[u8; 16]>());
+    http::HeaderValue::from_str(&id).unwrap_or_else(|_| http::HeaderValue::from_static("-"))
+}
+
+/// The route's changes to the upstream request: `strip_prefix`, then `request_headers`.
+fn upstream_edits(upstream: &mut RequestHeader, route: &crate::config::Route) -> Result<()> {
+    if let (true, PathMatch::Prefix(prefix)) = (route.strip_prefix, &route.path) {
+        let uri = &upstream.uri;
+        if let Some(rest) = uri.path().strip_prefix(prefix.as_str()) {
+            let mut target = String::with_capacity(uri.path().len() + 16);
+            if !rest.starts_with('/') {
+                target.push('/');
+            }
+            target.push_str(rest);
+            if let Some(query) = uri.query() {
+                target.push('?');
+                target.push_str(query);
+            }
+            if let Ok(uri) = target.parse::<http::Uri>() {
+                upstream.set_uri(uri);
+            }
+        }
+    }
+    let rules = &route.request_headers;
+    for name in &rules.remove {
+        upstream.remove_header(name);
+    }
+    for (name, value) in &rules.set {
+        upstream.insert_header(name, value)?;
+    }
+    Ok(())
 }
 
 /// What the upstream is told of the consumer: the client's own copies of the identity
@@ -752,6 +955,7 @@ fn access_log(
             "path": req.uri.path(),
             "route": route,
             "consumer": ctx.identity.consumer.as_deref(),
+            "request_id": ctx.request_id.as_ref().and_then(|(_, id)| id.to_str().ok()),
             "status": status,
             "duration_ms": elapsed.as_secs_f64() * 1000.0,
             "decisions": decisions,
@@ -760,11 +964,12 @@ fn access_log(
         _ => {
             let d: Vec<String> = decisions.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
             format!(
-                "{} {} {} route={route} consumer={} status={status} duration_ms={:.3} decisions={}",
+                "{} {} {} route={route} consumer={} request_id={} status={status} duration_ms={:.3} decisions={}",
                 ctx.client_ip,
                 req.method,
                 req.uri.path(),
                 ctx.identity.consumer.as_deref().unwrap_or("-"),
+                ctx.request_id.as_ref().and_then(|(_, id)| id.to_str().ok()).unwrap_or("-"),
                 elapsed.as_secs_f64() * 1000.0,
                 d.join(",")
             )

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::config::{HostMatch, PathMatch, Route};
+use crate::config::{HostMatch, PathMatch, Route, Scheme};
 
 /// Route ids (positions in the config), ascending: the first that fits is the answer.
 type Ids = Vec<u32>;
@@ -37,8 +37,8 @@ impl PathIndex {
     }
 
     /// Lowers `best` to the first route of this index that fits `path` and `method`.
-    fn find(&self, routes: &[Route], path: &str, method: &str, best: &mut u32) {
-        let fits = |id: &u32| methods_fit(&routes[*id as usize], method);
+    fn find(&self, routes: &[Route], path: &str, method: &str, scheme: Scheme, best: &mut u32) {
+        let fits = |id: &u32| super::fits(&routes[*id as usize], method, scheme);
         let mut first_of = |ids: &Ids| {
             if let Some(&id) = ids.iter().take_while(|id| **id < *best).find(|id| fits(id)) {
                 *best = id;
@@ -71,10 +71,6 @@ fn push(ids: &mut Ids, id: u32) {
     if ids.last() != Some(&id) {
         ids.push(id);
     }
-}
-
-fn methods_fit(route: &Route, method: &str) -> bool {
-    route.methods.is_empty() || route.methods.iter().any(|m| m == method)
 }
 
 /// Every route of a config, indexed; built once per config.
@@ -121,10 +117,17 @@ impl RouteIndex {
 
     /// The first route (in config order) whose hosts, path and methods fit: what
     /// `super::match_route` answers. `host` is lower-case without port.
-    pub fn find(&self, routes: &[Route], host: &str, path: &str, method: &str) -> Option<usize> {
+    pub fn find(
+        &self,
+        routes: &[Route],
+        host: &str,
+        path: &str,
+        method: &str,
+        scheme: Scheme,
+    ) -> Option<usize> {
         let mut best = u32::MAX;
         if let Some(index) = self.exact_hosts.get(host) {
-            index.find(routes, path, method, &mut best);
+            index.find(routes, path, method, scheme, &mut best);
         }
         for &len in &self.suffix_lengths {
             // "*.example.org" matches "a.example.org", never "example.org" itself.
@@ -135,10 +138,10 @@ impl RouteIndex {
                 continue;
             };
             if let Some(index) = self.suffix_hosts.get(suffix) {
-                index.find(routes, path, method, &mut best);
+                index.find(routes, path, method, scheme, &mut best);
             }
         }
-        self.any_host.find(routes, path, method, &mut best);
+        self.any_host.find(routes, path, method, scheme, &mut best);
         (best != u32::MAX).then_some(best as usize)
     }
 }
@@ -218,6 +221,9 @@ mod tests {
             if rng.next().is_multiple_of(3) {
                 text.push_str(&format!("methods = [\"{}\"]\n", rng.pick(METHODS)));
             }
+            if rng.next().is_multiple_of(4) {
+                text.push_str(&format!("scheme = \"{}\"\n", rng.pick(&["http", "https"])));
+            }
         }
         config::parse("t.toml", &text)
             .expect("generated config")
@@ -234,11 +240,13 @@ mod tests {
             for host in HOSTS.iter().chain(&["q.c.example", "other", "a.test.evil"]) {
                 for path in PATHS.iter().chain(&["/v1/users/42/x", "/hellox"]) {
                     for method in METHODS {
-                        assert_eq!(
-                            index.find(&routes, host, path, method),
-                            match_route(&routes, host, path, method),
-                            "seed {seed}: {method} {host}{path}"
-                        );
+                        for scheme in [Scheme::Http, Scheme::Https] {
+                            assert_eq!(
+                                index.find(&routes, host, path, method, scheme),
+                                match_route(&routes, host, path, method, scheme),
+                                "seed {seed}: {method} {scheme:?} {host}{path}"
+                            );
+                        }
                     }
                 }
             }

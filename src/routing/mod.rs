@@ -4,19 +4,31 @@
 mod index;
 pub use index::RouteIndex;
 
-use crate::config::{HostMatch, PathMatch, Route};
+use crate::config::{HostMatch, PathMatch, Route, Scheme};
 
 /// The route label for requests that match no route.
 pub const UNMATCHED: &str = "unmatched";
 
 /// Index of the first matching route, by scanning them all: the meaning of routing, which
 /// `RouteIndex` must answer exactly. `host` is lower-case without port.
-pub fn match_route(routes: &[Route], host: &str, path: &str, method: &str) -> Option<usize> {
+pub fn match_route(
+    routes: &[Route],
+    host: &str,
+    path: &str,
+    method: &str,
+    scheme: Scheme,
+) -> Option<usize> {
     routes.iter().position(|r| {
         (r.hosts.is_empty() || r.hosts.iter().any(|h| host_matches(h, host)))
             && path_matches(&r.path, path)
-            && (r.methods.is_empty() || r.methods.iter().any(|m| m == method))
+            && fits(r, method, scheme)
     })
+}
+
+/// The route's `methods` and `scheme` allow this request.
+pub fn fits(route: &Route, method: &str, scheme: Scheme) -> bool {
+    (route.methods.is_empty() || route.methods.iter().any(|m| m == method))
+        && route.scheme.is_none_or(|s| s == scheme)
 }
 
 fn host_matches(pattern: &HostMatch, host: &str) -> bool {
@@ -82,6 +94,8 @@ respond = { status = 200 }
     #[test]
     fn first_match_wins_by_host_path_and_method() {
         let r = routes();
+        let match_route =
+            |r: &[Route], h: &str, p: &str, m: &str| match_route(r, h, p, m, Scheme::Http);
         assert_eq!(match_route(&r, "api.example.com", "/v1/x", "GET"), Some(0));
         assert_eq!(match_route(&r, "a.b.example.org", "/v1/x", "GET"), Some(0));
         assert_eq!(match_route(&r, "example.org", "/v1/x", "GET"), None);
