@@ -11,7 +11,7 @@
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
 #   CONTENDERS         subset to run, e.g. "1 2 4"
-#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p]
+#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e]
 #   ZIPF_KEYS [100000] distinct keys / consumers / API keys of rows 5z, 5k and 6z (Zipf, s = 1)
 #   JWT_TOKENS [1000]  distinct ES256 tokens (consumers) of row 5j (Zipf, s = 1)
 #   SEED [1]           seed of the API keys and of bench/zipf.lua's draws (wrk thread i: SEED + 1000 i)
@@ -43,7 +43,7 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p"
+ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
@@ -77,7 +77,7 @@ ALG_DUR_S=$(python3 "$LIB" seconds "$ALG_DURATION")
 if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 
 needs_sluice=0
-for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|7|8a|8b|8c|9b|4w2|6w2|4h|4p) needs_sluice=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|7|8a|8b|8c|9b|4w2|6w2|4h|4p|4e) needs_sluice=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_sluice=1
 needs_redis=0
 for c in $CONTENDERS; do case $c in 6|6z|7|8a|8b|8c|6w2) needs_redis=1 ;; esac; done
@@ -210,7 +210,9 @@ sluice_conf() {
     local file=$1 port=$2 admin=$3 backend=$4 deny=$5 policies=$6 route_pol=$7 auth=${8:-} listen=listen
     [ "${SCHEME:-http}" = https ] && listen=tls_listen
     {
-        printf '[server]\n%s = ["127.0.0.1:%s"]\nthreads = %s\naccess_log = "off"\n\n' "$listen" "$port" "${SL_THREADS:-$WORKERS}"
+        printf '[server]\n%s = ["127.0.0.1:%s"]\nthreads = %s\naccess_log = "off"\n' "$listen" "$port" "${SL_THREADS:-$WORKERS}"
+        [ -n "${EDGE:-}" ] && printf 'request_id = "x-request-id"\n'
+        printf '\n'
         if [ "${SCHEME:-http}" = https ]; then
             printf '[[certificates]]\nhosts = ["localhost"]\ncert = "%s"\nkey = "%s"\n\n' "$TLS_CERT" "$TLS_KEY"
         fi
@@ -236,7 +238,17 @@ sluice_conf() {
             hosts) python3 -c 'for i in range(10000): print(f"[[routes]]\nname = \"t{i}\"\nhosts = [\"tenant-{i}.example.com\"]\nmetrics_as = \"tenants\"\nupstream = \"origin\"\n")' ;;
             prefixes) python3 -c 'for i in range(10000): print(f"[[routes]]\nname = \"t{i}\"\npath_prefix = \"/tenant-{i}/\"\nmetrics_as = \"tenants\"\nupstream = \"origin\"\n")' ;;
         esac
-        printf '[[routes]]\nname = "bench"\npath_prefix = "/"\nupstream = "origin"\n'
+        # 4e: the edge essentials of DESIGN section 14 on the same route (request_id is set
+        # in [server] above): two header rules, and strip_prefix of "/api/" (wrk asks for
+        # /api/v1/x, the upstream gets /v1/x).
+        if [ -n "${EDGE:-}" ]; then
+            printf '[[routes]]\nname = "bench"\npath_prefix = "/api/"\nupstream = "origin"\n'
+            printf 'strip_prefix = true\n'
+            printf 'request_headers = { set = { "x-env" = "bench" } }\n'
+            printf 'response_headers = { set = { "strict-transport-security" = "max-age=63072000" } }\n'
+        else
+            printf '[[routes]]\nname = "bench"\npath_prefix = "/"\nupstream = "origin"\n'
+        fi
         [ -n "$auth" ] && printf 'auth = "%s"\n' "$auth"
         printf 'policies = [%s]\n' "$route_pol"
     } >"$file"
@@ -248,7 +260,7 @@ sluice_conf() {
 #   PRIME: what to check (and, for "ban", to do) on a fresh sluice before its load
 contender_info() {
     BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http BIN=$SLUICE SL_THREADS=$WORKERS
-    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME="" TENANTS=""
+    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME="" TENANTS="" EDGE="" WRK_PATH=/
     case ${1%\*} in
         1)  LABEL="upstream direct (nginx return 200)"; KIND=upstream ;;
         2)  LABEL="nginx proxy, keepalive"; KIND=nginx ;;
@@ -281,6 +293,8 @@ contender_info() {
         4w2) LABEL="sluice, no policies, threads = 2"; KIND=sluice; SL_THREADS=2 ;;
         4h) LABEL="sluice, no policies, the catch-all after 10,000 host routes"; KIND=sluice; TENANTS=hosts ;;
         4p) LABEL="sluice, no policies, the catch-all after 10,000 path-prefix routes"; KIND=sluice; TENANTS=prefixes ;;
+        4e) LABEL="sluice, no policies, request_id + two header rules + strip_prefix"; KIND=sluice; EDGE=1
+            WRK_PATH=/api/v1/x ;;
         6w2) LABEL="sluice, gcra, redis, threads = 2"; KIND=sluice; SL_THREADS=2; BACKEND=redis
              POLICIES=$POL_GCRA; ROUTE_POL='"per_ip"' ;;
     esac
@@ -297,7 +311,7 @@ run_wrk() {
         args=(-- "$WRK_DATA" "$SEED")
     fi
     run_bounded "$2" "$4" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency "${extra[@]+"${extra[@]}"}" \
-        "${SCHEME:-http}://127.0.0.1:$1/" "${args[@]+"${args[@]}"}"
+        "${SCHEME:-http}://127.0.0.1:$1${WRK_PATH:-/}" "${args[@]+"${args[@]}"}"
 }
 
 # prime ID NAME PORT: before the load, prove that a fresh sluice admits (and, with auth,
