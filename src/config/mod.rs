@@ -646,23 +646,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
 /// Validates config text from `file`: it names the file in messages, and relative paths in
 /// the config (certificates, keys, CAs) are read from its directory, as nginx does.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
-    let located = |problems: Vec<(usize, String)>| {
-        let mut errors: Vec<ConfigError> = problems
-            .into_iter()
-            .map(|(at, message)| {
-                let (line, col) = line_col(text, at);
-                ConfigError {
-                    file: file.to_owned(),
-                    line,
-                    col,
-                    message,
-                }
-            })
-            .collect();
-        errors.sort_by_key(|e| (e.line, e.col));
-        errors.dedup();
-        ConfigErrors(errors)
-    };
+    let located = |problems| ConfigErrors(located_in(file, text, problems));
     let root = tree::parse(text).map_err(|problem| located(vec![problem]))?;
     let dir = Path::new(file)
         .parent()
@@ -678,7 +662,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     Ok(config)
 }
 
-/// Locates byte-offset problems of another file the config names.
+/// Locates byte-offset problems of `file` (the config, or a file it names), in file order.
 fn located_in(file: &str, text: &str, problems: Vec<(usize, String)>) -> Vec<ConfigError> {
     let mut errors: Vec<ConfigError> = problems
         .into_iter()
