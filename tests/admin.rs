@@ -392,22 +392,6 @@ fn count(haystack: &[u8], needle: &[u8]) -> usize {
         .count()
 }
 
-/// `sluice admin …` with the address and token from the config file.
-fn cli(s: &Sluice, args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(common::SLUICE)
-        .arg("admin")
-        .args(args)
-        .arg("--config")
-        .arg(&s.config)
-        .output()
-        .expect("run sluice admin");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn the_admin_cli_reads_address_and_token_from_the_config() {
     let dir = TempDir::new();
@@ -415,7 +399,7 @@ fn the_admin_cli_reads_address_and_token_from_the_config() {
     for _ in 0..4 {
         hit(&s, "k-cli");
     }
-    let (ok, out, err) = cli(&s, &["quota", "per_key", "k-cli"]);
+    let (ok, out, err) = s.admin_cli(&["quota", "per_key", "k-cli"]);
     assert!(ok, "{err}");
     let quota: serde_json::Value = serde_json::from_str(&out).expect("quota JSON");
     assert_eq!(
@@ -424,12 +408,9 @@ fn the_admin_cli_reads_address_and_token_from_the_config() {
         "{out}"
     );
 
-    let (ok, out, err) = cli(
-        &s,
-        &[
-            "override", "per_key", "k-cli", "--limit", "5", "--ttl", "1h",
-        ],
-    );
+    let (ok, out, err) = s.admin_cli(&[
+        "override", "per_key", "k-cli", "--limit", "5", "--ttl", "1h",
+    ]);
     assert!(ok && out.contains("\"limit\": 5"), "{out}{err}");
     assert_eq!(
         count_status(&[hit_response(&s, "k-cli"), hit_response(&s, "k-cli")], 200),
@@ -437,28 +418,28 @@ fn the_admin_cli_reads_address_and_token_from_the_config() {
     );
     assert_eq!(hit(&s, "k-cli"), 429);
 
-    let (ok, out, err) = cli(&s, &["overrides", "per_key"]);
+    let (ok, out, err) = s.admin_cli(&["overrides", "per_key"]);
     assert!(
         ok && out.contains("k-cli") && out.contains("\"limit\": 5"),
         "{out}{err}"
     );
-    let (ok, out, err) = cli(&s, &["policies"]);
+    let (ok, out, err) = s.admin_cli(&["policies"]);
     assert!(ok && out.contains("per_key"), "{out}{err}");
 
-    let (ok, out, err) = cli(&s, &["top", "per_key", "-n", "5"]);
+    let (ok, out, err) = s.admin_cli(&["top", "per_key", "-n", "5"]);
     assert!(ok && out.contains("k-cli"), "{out}{err}");
 
-    let (ok, _, err) = cli(&s, &["override", "per_key", "k-cli", "--delete"]);
+    let (ok, _, err) = s.admin_cli(&["override", "per_key", "k-cli", "--delete"]);
     assert!(ok, "{err}");
-    let (ok, out, err) = cli(&s, &["overrides", "per_key"]);
+    let (ok, out, err) = s.admin_cli(&["overrides", "per_key"]);
     assert!(ok && out.trim() == "[]", "{out}{err}");
 
-    let (ok, _, err) = cli(&s, &["reset", "per_key", "k-cli"]);
+    let (ok, _, err) = s.admin_cli(&["reset", "per_key", "k-cli"]);
     assert!(ok, "{err}");
     assert_eq!(hit(&s, "k-cli"), 200);
 
     // A failed call exits 1 with the problem on stderr.
-    let (ok, _, err) = cli(&s, &["quota", "nope", "k-cli"]);
+    let (ok, _, err) = s.admin_cli(&["quota", "nope", "k-cli"]);
     assert!(!ok && err.contains("404") && err.contains("nope"), "{err}");
 }
 

@@ -218,32 +218,6 @@ fn assert_as(r: &Response, consumer: Option<&str>, plan: &str) {
     );
 }
 
-/// GETs `path` with `headers` until one is refused (at most `most`): how many passed. Each
-/// admitted one must show `q` in `RateLimit-Policy` for `policy`.
-fn admitted(
-    s: &Sluice,
-    path: &str,
-    headers: &[(&str, &str)],
-    policy: &str,
-    q: u64,
-    most: usize,
-) -> usize {
-    for n in 0..most {
-        let r = s.get_with(path, headers);
-        if r.status != 200 {
-            assert_eq!(r.status, 429, "{headers:?}: {}", r.body);
-            return n;
-        }
-        let want = format!("\"{policy}\";q={q};w=3600");
-        assert_eq!(
-            r.header("ratelimit-policy"),
-            Some(want.as_str()),
-            "{headers:?}"
-        );
-    }
-    most
-}
-
 fn auth_metric(s: &Sluice, result: &str, route: &str) -> f64 {
     s.metric(&format!(
         "sluice_auth_total{{result=\"{result}\",route=\"{route}\"}}"
@@ -890,10 +864,16 @@ fn a_free_consumer_cannot_claim_gold() {
     let r = s.get_with("/api/x?plan=gold", &forged);
     assert_as(&r, Some("freebie"), "free");
     assert_eq!(upstream_saw(&r, "x-plan"), None, "strip_headers");
-    assert_eq!(admitted(&s, "/api/x?plan=gold", &forged, "tiers", 3, 20), 2);
+    assert_eq!(
+        common::admitted_until_rejected(&s, "/api/x?plan=gold", &forged, "tiers", 3, 20),
+        2
+    );
 
     let gold = [("x-api-key", KEY_ACME)];
-    assert_eq!(admitted(&s, "/api/x", &gold, "tiers", 10, 20), 10);
+    assert_eq!(
+        common::admitted_until_rejected(&s, "/api/x", &gold, "tiers", 10, 20),
+        10
+    );
 
     let r = s.get_with(
         "/open/x",
@@ -940,10 +920,19 @@ fn anonymous_clients_are_limited_per_address_on_optional_routes() {
     let one = [("x-forwarded-for", "198.51.100.1")];
     let two = [("x-forwarded-for", "198.51.100.2")];
     assert_as(&s.get_with("/opt/x", &one), None, "anonymous");
-    assert_eq!(admitted(&s, "/opt/x", &one, "per_consumer", 2, 10), 1);
-    assert_eq!(admitted(&s, "/opt/x", &two, "per_consumer", 2, 10), 2);
+    assert_eq!(
+        common::admitted_until_rejected(&s, "/opt/x", &one, "per_consumer", 2, 10),
+        1
+    );
+    assert_eq!(
+        common::admitted_until_rejected(&s, "/opt/x", &two, "per_consumer", 2, 10),
+        2
+    );
     let keyed = [("x-forwarded-for", "198.51.100.1"), ("x-api-key", KEY_FREE)];
-    assert_eq!(admitted(&s, "/opt/x", &keyed, "per_consumer", 5, 10), 5);
+    assert_eq!(
+        common::admitted_until_rejected(&s, "/opt/x", &keyed, "per_consumer", 5, 10),
+        5
+    );
     // An anonymous client cannot pose as a consumer either.
     let r = s.get_with(
         "/opt/x",
@@ -1501,7 +1490,14 @@ fn a_claim_keys_a_policy() {
         429
     );
     assert_eq!(
-        admitted(&s, "/api/x", &[("Authorization", &carol)], "per_org", 3, 10),
+        common::admitted_until_rejected(
+            &s,
+            "/api/x",
+            &[("Authorization", &carol)],
+            "per_org",
+            3,
+            10
+        ),
         3
     );
 }
@@ -1519,20 +1515,7 @@ fn the_admin_cli_manages_consumers_and_keys() {
         ..Conf::new(&up, &auth)
     };
     let s = conf.start();
-    let cli = |args: &[&str]| {
-        let out = std::process::Command::new(common::SLUICE)
-            .arg("admin")
-            .args(args)
-            .arg("--config")
-            .arg(&s.config)
-            .output()
-            .expect("run sluice admin");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let cli = |args: &[&str]| s.admin_cli(args);
     let (ok, out, err) = cli(&["consumer", "clico", "--plan", "gold"]);
     assert!(ok, "{out}{err}");
     let (ok, out, err) = cli(&["key", "create", "clico"]);

@@ -501,16 +501,18 @@ fn overrides_give_each_plan_its_numbers() {
         &common::plans_policy(""),
         &[("a", "\"plans\"")],
     ));
-    let anon = common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-anon")], 3, 30);
+    let anon =
+        common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-anon")], "plans", 3, 30);
     let gold = common::admitted_until_rejected(
         &s,
         "/a",
         &[("x-api-key", "k-gold"), ("x-plan", "gold")],
+        "plans",
         10,
         30,
     );
     let partner =
-        common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-partner-2")], 20, 30);
+        common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-partner-2")], "plans", 20, 30);
     assert_eq!((anon, gold, partner), (3, 10, 20));
     // The same key without the plan header counts in the same state: over 3 already.
     let r = s.get_with("/a", &[("x-api-key", "k-gold")]);

@@ -689,16 +689,18 @@ fn overrides_give_each_plan_its_numbers_on_redis() {
         &common::plans_policy("ban = \"30s\""),
         &[("a", "\"plans\"")],
     ));
-    let anon = common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-anon")], 3, 30);
+    let anon =
+        common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-anon")], "plans", 3, 30);
     let gold = common::admitted_until_rejected(
         &s,
         "/a",
         &[("x-api-key", "k-gold"), ("x-plan", "gold")],
+        "plans",
         10,
         30,
     );
     let partner =
-        common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-partner-1")], 20, 30);
+        common::admitted_until_rejected(&s, "/a", &[("x-api-key", "k-partner-1")], "plans", 20, 30);
     assert_eq!((anon, gold, partner), (3, 10, 20));
     let keys = redis.cli(&["--scan", "--pattern", "sluice:*"]);
     let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();

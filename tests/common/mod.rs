@@ -203,6 +203,22 @@ impl Sluice {
         cond()
     }
 
+    /// `sluice admin ARGS… --config` this instance's config: (success, stdout, stderr).
+    pub fn admin_cli(&self, args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(SLUICE)
+            .arg("admin")
+            .args(args)
+            .arg("--config")
+            .arg(&self.config)
+            .output()
+            .expect("run sluice admin");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// What sluice wrote to stdout (the access log) so far.
     pub fn stdout(&self) -> String {
         std::fs::read_to_string(self._dir.0.join("stdout.log")).unwrap_or_default()
@@ -441,23 +457,26 @@ pub fn plans_policy(extra: &str) -> String {
 }
 
 /// Sends requests with `headers` to `path` until one is rejected (at most `most`), checking
-/// that every admitted one shows `q` in `RateLimit-Policy`; returns how many were admitted.
+/// that every admitted one shows `policy` with `q` (per hour) in `RateLimit-Policy`;
+/// returns how many were admitted.
 pub fn admitted_until_rejected(
     s: &Sluice,
     path: &str,
     headers: &[(&str, &str)],
+    policy: &str,
     q: u64,
     most: usize,
 ) -> usize {
     for n in 0..most {
         let r = s.get_with(path, headers);
         if r.status != 200 {
-            assert_eq!(r.status, 429, "{headers:?}");
+            assert_eq!(r.status, 429, "{headers:?}: {}", r.body);
             return n;
         }
+        let want = format!("\"{policy}\";q={q};w=3600");
         assert_eq!(
             r.header("ratelimit-policy"),
-            Some(format!("\"plans\";q={q};w=3600").as_str()),
+            Some(want.as_str()),
             "{headers:?}"
         );
     }
