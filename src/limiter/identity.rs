@@ -64,18 +64,12 @@ impl Limiter {
         let key = self.failure_key(policy, req.client_ip);
         let until = runtime::unix_ms() + ban_ms;
         self.shared.auth_ban(&key, until);
-        if self.backend.shared() {
-            let channel = runtime::channel_name(&self.settings.key_prefix);
-            let message = format!("{}{until} {key}", runtime::BAN);
-            if let Err(e) = self
-                .bounded(self.backend.announce(&channel, &message))
-                .await
-            {
-                log::warn!(
-                    "max_failures: announcing the ban of {} failed: {e}",
-                    req.client_ip
-                );
-            }
+        let message = format!("{}{until} {key}", runtime::BAN);
+        if let Err(e) = self.announce(&message).await {
+            log::warn!(
+                "max_failures: announcing the ban of {} failed: {e}",
+                req.client_ip
+            );
         }
         Some(ban_ms)
     }
@@ -90,7 +84,7 @@ impl Limiter {
                 .await?;
         }
         self.shared.consumers.set(consumer);
-        self.announce_consumers().await
+        self.announce(consumers::CHANGED).await
     }
 
     /// Deletes a runtime consumer and its keys; whether there was one.
@@ -101,7 +95,7 @@ impl Limiter {
                 .await?;
         }
         let had = self.shared.consumers.remove(name);
-        self.announce_consumers().await?;
+        self.announce(consumers::CHANGED).await?;
         Ok(had)
     }
 
@@ -123,14 +117,5 @@ impl Limiter {
             .await?;
         }
         Ok(self.shared.consumers.get(name))
-    }
-
-    async fn announce_consumers(&self) -> Result<(), BackendError> {
-        if !self.backend.shared() {
-            return Ok(());
-        }
-        let channel = runtime::channel_name(&self.settings.key_prefix);
-        self.bounded(self.backend.announce(&channel, consumers::CHANGED))
-            .await
     }
 }

@@ -935,13 +935,8 @@ impl Limiter {
         self.bounded(self.backend.reset(&key.storage)).await?;
         self.local.reset_now(&key.storage);
         self.shared.forget(&key.storage);
-        if self.backend.shared() {
-            let channel = runtime::channel_name(&self.settings.key_prefix);
-            let message = format!("{}{}", runtime::RESET, key.storage);
-            self.bounded(self.backend.announce(&channel, &message))
-                .await?;
-        }
-        Ok(())
+        self.announce(&format!("{}{}", runtime::RESET, key.storage))
+            .await
     }
 
     /// Sets `key`'s runtime override, here and (shared backend) for the fleet.
@@ -958,7 +953,7 @@ impl Limiter {
                 .await?;
         }
         self.shared.set(&key.storage, o);
-        self.announce_change().await
+        self.announce(runtime::CHANGED).await
     }
 
     /// Deletes `key`'s runtime override; whether there was one.
@@ -969,17 +964,18 @@ impl Limiter {
                 .await?;
         }
         let had = self.shared.remove(&key.storage);
-        self.announce_change().await?;
+        self.announce(runtime::CHANGED).await?;
         Ok(had)
     }
 
-    async fn announce_change(&self) -> Result<(), BackendError> {
+    /// Tells every instance following the fleet's channel (`runtime`'s messages); nothing
+    /// to tell without a shared backend.
+    async fn announce(&self, message: &str) -> Result<(), BackendError> {
         if !self.backend.shared() {
             return Ok(());
         }
         let channel = runtime::channel_name(&self.settings.key_prefix);
-        self.bounded(self.backend.announce(&channel, runtime::CHANGED))
-            .await
+        self.bounded(self.backend.announce(&channel, message)).await
     }
 
     /// The live runtime overrides of `policy`.
