@@ -130,7 +130,7 @@ pub struct Upstream {
     pub health: Arc<AtomicU16>,
     /// `GET /healthz` requests answered.
     pub health_checks: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
+    _listening: Listening,
 }
 
 impl Upstream {
@@ -151,41 +151,23 @@ impl Upstream {
     }
 
     fn serve_on(listener: TcpListener, name: &str, delay: Duration) -> Upstream {
-        let addr = listener.local_addr().expect("upstream address");
         let hits = Arc::new(AtomicUsize::new(0));
         let health = Arc::new(AtomicU16::new(200));
         let health_checks = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (name, h, st) = (name.to_owned(), hits.clone(), stop.clone());
+        let (name, h) = (name.to_owned(), hits.clone());
         let hs = (health.clone(), health_checks.clone());
-        thread::spawn(move || {
-            for conn in listener.incoming() {
-                if st.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(conn) = conn else { continue };
-                let (name, h, hs) = (name.clone(), h.clone(), hs.clone());
-                thread::spawn(move || serve(conn, &name, &h, &hs, delay));
-            }
-        });
+        let listening = Listening::serve(listener, move |conn| serve(conn, &name, &h, &hs, delay));
         Upstream {
-            addr,
+            addr: listening.addr,
             hits,
             health,
             health_checks,
-            stop,
+            _listening: listening,
         }
     }
 
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(self.addr);
     }
 }
 
@@ -198,37 +180,9 @@ fn serve(
 ) {
     let mut reader = BufReader::new(conn.try_clone().expect("clone stream"));
     let mut conn = conn;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let mut parts = line.split_whitespace();
-        let method = parts.next().unwrap_or("").to_owned();
-        let target = parts.next().unwrap_or("").to_owned();
-        let mut length = 0usize;
-        let mut xff = String::new();
-        loop {
-            let mut h = String::new();
-            if reader.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                match k.trim().to_ascii_lowercase().as_str() {
-                    "content-length" => length = v.trim().parse().unwrap_or(0),
-                    "x-forwarded-for" => xff = v.trim().to_owned(),
-                    _ => {}
-                }
-            }
-        }
-        let mut body = vec![0u8; length];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
+    while let Some(req) = read_request(&mut reader) {
+        let (method, target, length) = (&req.method, &req.target, req.body.len());
+        let xff = req.header("x-forwarded-for").unwrap_or("");
         if target == "/healthz" {
             checks.fetch_add(1, Ordering::SeqCst);
             let status = health.load(Ordering::SeqCst);
@@ -251,4 +205,97 @@ fn serve(
             return;
         }
     }
+}
+
+/// A test server's listening socket, served on a thread (one more thread per connection)
+/// until dropped.
+pub struct Listening {
+    pub addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl Listening {
+    /// Serves every connection on `listener` with `handle` until this is dropped.
+    pub fn serve(
+        listener: TcpListener,
+        handle: impl Fn(TcpStream) + Clone + Send + 'static,
+    ) -> Listening {
+        let addr = listener.local_addr().expect("test server address");
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        thread::spawn(move || {
+            for conn in listener.incoming() {
+                if st.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let handle = handle.clone();
+                thread::spawn(move || handle(conn));
+            }
+        });
+        Listening { addr, stop }
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// One request as a test server reads it.
+pub struct Request {
+    pub method: String,
+    pub target: String,
+    /// Lower-case names, in order, repeated ones kept.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads the next request (with its Content-Length body); None when the connection ends.
+pub fn read_request(reader: &mut impl BufRead) -> Option<Request> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_owned();
+    let target = parts.next().unwrap_or("").to_owned();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+        }
+    }
+    let length = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(Request {
+        method,
+        target,
+        headers,
+        body,
+    })
 }

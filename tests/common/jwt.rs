@@ -3,12 +3,11 @@
 //! key sets, and a JWKS endpoint the tests can rotate, take down and bring back. No private
 //! key is ever stored in the repository: each one is generated when a test asks for it.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -17,6 +16,7 @@ use ring::rand::SystemRandom;
 use ring::signature::{self, EcdsaKeyPair, Ed25519KeyPair, KeyPair, RsaKeyPair};
 use serde_json::{json, Map, Value};
 
+use super::http::{read_request, Listening};
 use super::TempDir;
 
 /// base64url without padding (RFC 7515 §2).
@@ -365,7 +365,7 @@ pub struct JwksServer {
     mode: Arc<AtomicU8>,
     fetches: Arc<AtomicUsize>,
     served: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
+    _listening: Listening,
 }
 
 impl JwksServer {
@@ -381,34 +381,23 @@ impl JwksServer {
 
     fn start_in(set: Value, mode: u8) -> JwksServer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the JWKS server");
-        let addr = listener.local_addr().expect("JWKS server address");
-        let server = JwksServer {
-            addr,
-            set: Arc::new(Mutex::new(set)),
-            mode: Arc::new(AtomicU8::new(mode)),
-            fetches: Arc::new(AtomicUsize::new(0)),
-            served: Arc::new(AtomicUsize::new(0)),
-            stop: Arc::new(AtomicBool::new(false)),
-        };
-        let (set, mode, fetches, served, stop) = (
-            server.set.clone(),
-            server.mode.clone(),
-            server.fetches.clone(),
-            server.served.clone(),
-            server.stop.clone(),
-        );
-        thread::spawn(move || {
-            for conn in listener.incoming() {
-                if stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(conn) = conn else { continue };
-                let (set, mode, fetches, served) =
-                    (set.clone(), mode.clone(), fetches.clone(), served.clone());
-                thread::spawn(move || answer(conn, &set, &mode, &fetches, &served));
-            }
+        let set = Arc::new(Mutex::new(set));
+        let mode = Arc::new(AtomicU8::new(mode));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let served = Arc::new(AtomicUsize::new(0));
+        let state = (set.clone(), mode.clone(), fetches.clone(), served.clone());
+        let listening = Listening::serve(listener, move |conn| {
+            let (set, mode, fetches, served) = &state;
+            answer(conn, set, mode, fetches, served)
         });
-        server
+        JwksServer {
+            addr: listening.addr,
+            set,
+            mode,
+            fetches,
+            served,
+            _listening: listening,
+        }
     }
 
     /// `http://127.0.0.1:PORT/jwks.json`
@@ -447,13 +436,6 @@ impl JwksServer {
     }
 }
 
-impl Drop for JwksServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(self.addr);
-    }
-}
-
 fn answer(
     conn: TcpStream,
     set: &Mutex<Value>,
@@ -464,29 +446,10 @@ fn answer(
     let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
     let mut reader = BufReader::new(conn.try_clone().expect("clone stream"));
     let mut conn = conn;
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+    let Some(req) = read_request(&mut reader) else {
         return;
-    }
-    let target = line.split_whitespace().nth(1).unwrap_or("").to_owned();
-    let mut length = 0usize;
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h).unwrap_or(0) == 0 {
-            return;
-        }
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            if k.trim().eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().unwrap_or(0);
-            }
-        }
-    }
-    let mut body = vec![0u8; length];
-    let _ = reader.read_exact(&mut body);
+    };
+    let target = req.target;
     let path = target.split('?').next().unwrap_or("");
     if path != "/jwks.json" {
         let _ = conn
