@@ -366,7 +366,13 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
         policies.push(super::auth::failures_policy(max));
     }
     let routes = match top.required("routes") {
-        Some(node) => routes(p, node, &upstreams, &policies),
+        Some(node) => {
+            // A route with `auth` needs somewhere for credentials to come from.
+            let credentials = auth
+                .as_ref()
+                .is_none_or(|a| !a.api_key.is_empty() || !a.jwt.is_empty());
+            routes(p, node, &upstreams, &policies, credentials)
+        }
         None => Vec::new(),
     };
     let tls = match top.get("tls") {
@@ -391,18 +397,6 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
             "`tls_listen` needs at least one [[certificates]] entry",
         );
     }
-    if let Some(a) = &auth {
-        if a.api_key.is_empty() && a.jwt.is_empty() {
-            for (route, t) in routes.iter().zip(route_tables(&top)) {
-                if route.auth != AuthMode::Off {
-                    p.at(
-                        &t,
-                        format!("route \"{}\" has `auth` but [auth] accepts no credentials (no `api_key` sources and no [[auth.jwt]])", route.name),
-                    );
-                }
-            }
-        }
-    }
     top.finish();
     Some(Config {
         server,
@@ -417,26 +411,6 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
         consumers,
         warnings: Vec::new(),
     })
-}
-
-/// The span of each `[[routes]]` entry's `auth` key (or of the entry), in order.
-fn route_tables(top: &Table) -> Vec<Range<usize>> {
-    let Some((_, node)) = top.entries.iter().find(|(k, _)| k.value == "routes") else {
-        return Vec::new();
-    };
-    let Node::Array(items) = &node.value else {
-        return Vec::new();
-    };
-    items
-        .iter()
-        .map(|item| match &item.value {
-            Node::Table(entries) => entries
-                .iter()
-                .find(|(k, _)| k.value == "auth")
-                .map_or(item.span.clone(), |(_, v)| v.span.clone()),
-            _ => item.span.clone(),
-        })
-        .collect()
 }
 
 /// The node of `key` inside the top-level table `table`, if both are there.
@@ -1438,6 +1412,7 @@ fn routes(
     node: &Spanned<Node>,
     upstreams: &[Upstream],
     policies: &[Policy],
+    credentials: bool,
 ) -> Vec<Route> {
     let Node::Array(items) = &node.value else {
         p.at(
@@ -1455,7 +1430,7 @@ fn routes(
         let Some(t) = Table::new(p, "[[routes]]", item) else {
             continue;
         };
-        if let Some(route) = route(p, &t, upstreams, policies) {
+        if let Some(route) = route(p, &t, upstreams, policies, credentials) {
             if seen.insert(route.name.clone(), ()).is_some() || route.name == "unmatched" {
                 p.at(
                     &t.key_span("name"),
@@ -1469,7 +1444,13 @@ fn routes(
     out
 }
 
-fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -> Option<Route> {
+fn route(
+    p: &Problems,
+    t: &Table,
+    upstreams: &[Upstream],
+    policies: &[Policy],
+    credentials: bool,
+) -> Option<Route> {
     let name = t.required("name").and_then(|_| t.string("name"));
     if let Some(n) = &name {
         check_name(p, n, "route");
@@ -1610,6 +1591,17 @@ fn route(p: &Problems, t: &Table, upstreams: &[Upstream], policies: &[Policy]) -
             ],
         )
         .unwrap_or(AuthMode::Off);
+    if let (false, AuthMode::Optional | AuthMode::Required, Some(at)) =
+        (credentials, auth, t.get("auth"))
+    {
+        p.at(
+            &at.span,
+            format!(
+                "route \"{}\" has `auth` but [auth] accepts no credentials (no `api_key` sources and no [[auth.jwt]])",
+                name.as_ref().map_or("", |n| n.value.as_str())
+            ),
+        );
+    }
     let scheme = t.choice(
         "scheme",
         &[("http", Scheme::Http), ("https", Scheme::Https)],
