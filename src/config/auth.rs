@@ -6,6 +6,7 @@ use std::num::NonZeroU64;
 use std::path::Path;
 use std::time::Duration;
 
+use super::edge::header_name;
 use super::tree::{self, Node, Spanned};
 use super::validate::{check_name, key_part, Problems, Table};
 use super::*;
@@ -42,39 +43,18 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
     };
     // Read with the config by `consumer_files`, below; only its type is checked here.
     let _ = t.strings("consumer_files");
-    let header = |key: &str, default: http::HeaderName| match t.string(key) {
-        Some(s) => match http::HeaderName::from_bytes(s.value.as_bytes()) {
-            Ok(name) => name,
-            Err(_) => {
-                p.at(
-                    &s.span,
-                    format!("`{key}`: \"{}\" is not a valid header name", s.value),
-                );
-                default
-            }
-        },
-        None => default,
+    let header = |key: &str, default: http::HeaderName| {
+        t.string(key)
+            .and_then(|s| header_name(p, &s, key))
+            .unwrap_or(default)
     };
     let consumer_header = header("consumer_header", defaults.consumer_header);
     let plan_header = header("plan_header", defaults.plan_header);
     let strip_headers = t
         .strings("strip_headers")
         .unwrap_or_default()
-        .into_iter()
-        .filter_map(|s| {
-            if valid_header_name(&s.value) {
-                Some(s.value.to_ascii_lowercase())
-            } else {
-                p.at(
-                    &s.span,
-                    format!(
-                        "`strip_headers`: \"{}\" is not a valid header name",
-                        s.value
-                    ),
-                );
-                None
-            }
-        })
+        .iter()
+        .filter_map(|s| header_name(p, s, "strip_headers"))
         .collect();
     let hide_credentials = t.bool("hide_credentials").unwrap_or(false);
     let max_failures = t.get("max_failures").and_then(|n| max_failures(p, n));
@@ -125,10 +105,6 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
         max_failures,
         jwt,
     })
-}
-
-fn valid_header_name(name: &str) -> bool {
-    http::HeaderName::from_bytes(name.as_bytes()).is_ok()
 }
 
 fn max_failures(p: &Problems, node: &Spanned<Node>) -> Option<MaxFailures> {

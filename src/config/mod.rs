@@ -498,7 +498,7 @@ pub struct Auth {
     /// Parsed once: set on every authenticated request.
     pub consumer_header: http::HeaderName,
     pub plan_header: http::HeaderName,
-    pub strip_headers: Vec<String>,
+    pub strip_headers: Vec<http::HeaderName>,
     pub hide_credentials: bool,
     pub max_failures: Option<MaxFailures>,
     pub jwt: Vec<JwtIssuer>,

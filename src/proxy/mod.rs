@@ -834,7 +834,7 @@ fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) 
     upstream.remove_header(&settings.consumer_header);
     upstream.remove_header(&settings.plan_header);
     for name in &settings.strip_headers {
-        upstream.remove_header(name.as_str());
+        upstream.remove_header(name);
     }
     let Some(route) = ctx.route.map(|r| &gateway.config.routes[r]) else {
         return Ok(());
