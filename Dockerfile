@@ -27,7 +27,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --profile dist --locked \
- && install -m 0755 target/dist/sluice /usr/local/bin/sluice
+ && install -s -m 0755 target/dist/sluice /usr/local/bin/sluice
 
 # The quick-start config listens on 127.0.0.1; in a container the listeners
 # must bind all interfaces to be reachable through published ports. Only the
