@@ -4,7 +4,8 @@
 #   1. builds sluice instrumented ([profile.dist] with -Cprofile-generate) in
 #      target/pgo-generate;
 #   2. trains it: bench/run.sh's sluice rows (no policies, memory, Redis, three policies,
-#      under attack, HTTPS, two threads) and every algorithm, short and one round;
+#      under attack, HTTPS, two threads, API keys, JWTs, edge rules) and every algorithm,
+#      short and one round;
 #   3. merges the counts with llvm-profdata;
 #   4. builds [profile.dist] again with -Cprofile-use into target/pgo:
 #      target/pgo/dist/sluice.
@@ -60,9 +61,11 @@ log "2/4 training on bench/run.sh's sluice rows"
 # the build ran: only sluice's belong in the profile.
 rm -rf "$work/profiles"
 mkdir -p "$work/profiles"
-# Every sluice process of the run writes into the same pool of raw profiles (%m).
+# Every sluice process of the run writes into the same pool of raw profiles (%m). The
+# verified-consumer rows (5k, 5j) and the edge rules (4e) train too: the shipped binary is
+# shaped by what deployments run, and those rows are compared with trained ones.
 DURATION=4s ROUNDS=1 WARMUP=1s ALG_DURATION=2s \
-    CONTENDERS="4 5 6 7 8a 8b 9b 4w2 6w2" OUT="$work/training.md" \
+    CONTENDERS="4 5 6 7 8a 8b 9b 4w2 6w2 5k 5j 4e" OUT="$work/training.md" \
     "$BENCH_DIR/run.sh" "$work/dist/sluice" >"$work/training.log" 2>&1 \
     || die "training failed; see $work/training.log"
 ls "$work"/profiles/*.profraw >/dev/null 2>&1 || die "training wrote no profile into $work/profiles"
