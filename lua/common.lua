@@ -18,7 +18,10 @@
 --                  denied: the retry-after), then the state a 'store' needs
 --        'decide'  the same, and when it allows, charges the check at once
 --        'store'   charges the check with state `x, ...` as a 'peek' returned it
---        'refund'  takes back one charge of the check made at time `x`
+--        'charge'  charges the check's cost at once whatever its limit: windows count
+--                  past it, token_bucket and gcra book ahead (a debt the key's next
+--                  requests wait out). Not for leaky_bucket or concurrency
+--        'refund'  takes back `cost` units of a charge of the check made at time `x`
 --        'release' (concurrency) frees lease `x`
 --   cost the check's cost, a number. decide.lua never charges a check of cost 0 (it only
 --        observes) nor refunds one.

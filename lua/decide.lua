@@ -12,7 +12,10 @@
 --                     the key of every "2" check its algorithm denied
 --           "peek"    evaluate only, charge nothing; "peek" then one character per check
 --                     as for "decide" reads bans too (and sets none)
---           "refund"  take back one charge of every check, made at time ARGV[3]
+--           "adjust"  settle charges once responses are known (DESIGN section 12): per
+--                     check, an amount > 0 is charged now whatever the limit (the key
+--                     carries the debt), an amount < 0 taken back from the charge made at
+--                     the check's time (a refund, also of a charge across slots undone)
 --           "release" concurrency: free lease ARGV[2 + i] under KEYS[i]
 --           "renew"   concurrency: lease ARGV[1 + 2i] under KEYS[i], if still live, now
 --                     expires ARGV[2 + 2i] ms from now
@@ -25,7 +28,7 @@
 --                     request after request
 -- ARGV[2] now in ms, or "" to read the server's clock (TIME; a batch reads it once), or
 --         for "batch" "each": every request brings its own now
--- then six fields per check (for "refund" after ARGV[3]): algorithm, limit, period_ms,
+-- then six fields per check (for "adjust" seven, see there): algorithm, limit, period_ms,
 --         burst, max_delay_ms ("" when requests over the limit are rejected), cost;
 --         concurrency puts lease_ms in the place of burst and in that of max_delay the
 --         lease id the request takes if admitted ("0": none).
@@ -36,7 +39,7 @@
 --         "batch": the same integers as one string of big-endian 64-bit integers (struct
 --         ">i8" each): now (0 with "each"), then those four per check of every request,
 --         request after request;
---         "refund"/"release": {now}; "renew": {now, then per key 1 if the lease was
+--         "adjust"/"release": {now}; "renew": {now, then per key 1 if the lease was
 --         live (and is renewed), else 0}. Whether a decide charged follows from the verdicts.
 --
 -- A batch is one call: if it fails, it fails for every request in it. The requests decided
@@ -45,7 +48,7 @@
 -- common.lua).
 --
 -- A check of cost 0 only observes: it is decided (always allowed, see the algorithm
--- files) but never charged, so never refunded either.
+-- files) but never charged, so never adjusted either.
 --
 -- Bans: a "2" check whose ban key holds a time after now is denied (2, remaining 0,
 -- reset_ms and delay_ms = the ban's rest) without running its algorithm. When its algorithm
@@ -128,23 +131,27 @@ if mode == 'renew' then
   return reply
 end
 
-if mode == 'refund' then
-  -- The fields of check i follow ARGV[3 + FIELDS·(i − 1)].
-  if #argv ~= 3 + FIELDS * checks then
-    return redis.error_reply('sluice: ' .. checks .. ' checks need ' ..
-      (3 + FIELDS * checks) .. ' arguments, got ' .. #argv)
+if mode == 'adjust' then
+  -- Seven fields per check, after ARGV[2]: its six as above, the amount in the place of
+  -- the cost, then the time its charge was made at.
+  if #argv ~= 2 + 7 * checks then
+    return redis.error_reply('sluice: ' .. checks .. ' adjustments need ' ..
+      (2 + 7 * checks) .. ' arguments, got ' .. #argv)
   end
   local runs = {}
   for i = 1, checks do
-    local name = argv[3 + FIELDS * (i - 1) + 1]
+    local name = argv[2 + 7 * (i - 1) + 1]
     runs[i] = name == NAME and ALGORITHM or ALGORITHMS and ALGORITHMS[name]
     if not runs[i] then return redis.error_reply('sluice: unknown algorithm ' .. name) end
   end
-  local charged_at = argv[3] + 0
   for i = 1, checks do
-    local at = 3 + FIELDS * (i - 1)
-    local cost = argv[at + 6] + 0
-    if cost > 0 then runs[i](KEYS[i], at, now, 'refund', cost, charged_at) end
+    local at = 2 + 7 * (i - 1)
+    local amount = argv[at + 6] + 0
+    if amount > 0 then
+      runs[i](KEYS[i], at, now, 'charge', amount)
+    elseif amount < 0 then
+      runs[i](KEYS[i], at, now, 'refund', -amount, argv[at + 7] + 0)
+    end
   end
   flush()
   return {now}

@@ -26,7 +26,7 @@ local function fixed_window(key, at, now, op, cost, x, y)
       start, count = now - now % p, 0
       if stored == start then count = stored_count end
       reset = start + p - now
-      allowed = cost == 0 or count + cost <= limit
+      allowed = op == 'charge' or cost == 0 or count + cost <= limit
       -- delay: denied, the wait until the next window.
       if allowed then
         count, delay = count + cost, 0
@@ -36,7 +36,7 @@ local function fixed_window(key, at, now, op, cost, x, y)
       remaining = limit - count
       if remaining < 0 then remaining = 0 end
       if count == 0 then reset = 0 end
-      if op ~= 'decide' or not allowed then
+      if op == 'peek' or not allowed then
         return allowed, remaining, reset, delay, start, count
       end
     end

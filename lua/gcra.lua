@@ -70,6 +70,8 @@ local function gcra(key, at, now, op, cost, ms, frac)
           allowed = delay <= max_delay + 0
         end
       end
+      -- A charge books ahead whatever the wait: the debt of a response that cost more.
+      if op == 'charge' then allowed = true end
       local after = ahead
       if allowed then after = new_ahead end
       if shaping then
@@ -87,7 +89,7 @@ local function gcra(key, at, now, op, cost, ms, frac)
       reset = (after + (-after) % limit) / limit
       frac = new_ahead % limit
       ms = now + (new_ahead - frac) / limit
-      if op ~= 'decide' or not allowed then
+      if op == 'peek' or not allowed then
         return allowed, remaining, reset, delay, ms, frac
       end
     end

@@ -37,7 +37,7 @@ local function sliding_log(key, at, now, op, cost, charged_at)
     end
     if op ~= 'store' then
       local limit = argv[at + 2] + 0
-      allowed = cost == 0 or total + cost <= limit
+      allowed = op == 'charge' or cost == 0 or total + cost <= limit
       retry = 0
       if not allowed then
         if cost > limit then
@@ -70,7 +70,7 @@ local function sliding_log(key, at, now, op, cost, charged_at)
       if remaining < 0 then remaining = 0 end
       reset = 0
       if latest then reset = latest + p - now end
-      if op ~= 'decide' or not allowed then
+      if op == 'peek' or not allowed then
         return allowed, remaining, reset, retry
       end
     end

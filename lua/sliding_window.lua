@@ -47,7 +47,7 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
       end
       local elapsed = now - start
       local weighted_prev = prev * (p - elapsed)
-      allowed = cost == 0 or weighted_prev + (curr + cost) * p <= limit * p
+      allowed = op == 'charge' or cost == 0 or weighted_prev + (curr + cost) * p <= limit * p
       retry = 0
       if not allowed then
         -- The wait until the request would fit, if nothing else arrives: later in this
@@ -95,7 +95,7 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
       elseif prev > 0 then
         reset = p - elapsed
       end
-      if op ~= 'decide' or not allowed then
+      if op == 'peek' or not allowed then
         return allowed, remaining, reset, retry, start, prev, curr
       end
     end

@@ -44,12 +44,14 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
       else
         allowed = delay <= max_delay + 0
       end
+      -- A charge books ahead whatever the wait: the debt of a response that cost more.
+      if op == 'charge' then allowed = true end
       if allowed then scaled = scaled - need end
       remaining = 0
       if scaled > 0 then remaining = (scaled - scaled % p) / p end
       reset = capacity - scaled
       reset = (reset + (-reset) % limit) / limit
-      if op ~= 'decide' or not allowed then
+      if op == 'peek' or not allowed then
         return allowed, remaining, reset, delay, scaled, last
       end
     end

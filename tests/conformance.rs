@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::redis::{RedisCluster, RedisSentinel, RedisServer};
 use sluice::config::{self, Algorithm, ClockSource, OnError};
 use sluice::limiter::algorithm::{Rule, Verdict};
-use sluice::limiter::backend::{Backend, BackendError, Check};
+use sluice::limiter::backend::{Adjustment, Backend, BackendError, Check};
 use sluice::limiter::memory::MemoryBackend;
 use sluice::limiter::redis::RedisBackend;
 
@@ -315,6 +315,28 @@ impl Twin {
         want
     }
 
+    /// Settles the same adjustments on both (what they did shows in the next decisions).
+    async fn adjust(&self, adjustments: &[Adjustment], now: u64) {
+        let adjustments: Vec<Adjustment> = adjustments
+            .iter()
+            .map(|a| Adjustment {
+                check: Check {
+                    key: self.scoped(&a.check.key),
+                    ..a.check.clone()
+                },
+                ..a.clone()
+            })
+            .collect();
+        self.redis
+            .adjust(&adjustments, now)
+            .await
+            .expect("redis adjust");
+        self.memory
+            .adjust(&adjustments, now)
+            .await
+            .expect("memory adjust");
+    }
+
     /// Renews on both; they must agree on whether the lease was live.
     async fn renew(&self, key: &str, lease: u64, lease_ms: u64, now: u64) -> bool {
         let key = self.scoped(key);
@@ -446,6 +468,116 @@ async fn single_checks_match_on_random_sequences() {
                 let cost = |rng: &mut Rng| step_cost(rng, r.limit);
                 walk_step(&twin, &k, r, &mut rng, now, step, &mut held, cost).await;
             }
+        }
+    }
+}
+
+/// Charges settled from responses (DESIGN §12): every algorithm a response may charge, a
+/// random walk of decisions each followed, now or a little later, by its settlement: a
+/// refund of part or all of what it held (at the time it was charged, also once its window
+/// has moved on), or a charge of more, up to twice the limit (a debt the next decisions
+/// must show). Both backends must then decide every later request alike.
+#[tokio::test]
+async fn settled_charges_match_on_random_sequences() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut rng = Rng(0xad1_5eed);
+    let metered = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ];
+    for algorithm in metered {
+        for (n, r) in rules_for(algorithm).into_iter().enumerate() {
+            let k = key(&format!("settle{n}"), "p", &r);
+            let mut clock = TestClock::new();
+            for step in 0..300u64 {
+                let charged_at = clock.to(step_time(&mut rng, clock.sim, r.period_ms));
+                let held = 1 + rng.below(3);
+                let c = check(&k, r, held, true, 0);
+                let context = || format!("{r:?} step {step} at {charged_at} holding {held}");
+                let v = twin
+                    .decide(std::slice::from_ref(&c), charged_at, &context)
+                    .await;
+                if !v[0].allowed {
+                    continue;
+                }
+                // The response ends now or later (sometimes in the next window).
+                let now = match rng.below(4) {
+                    0 => charged_at,
+                    1 | 2 => clock.to(charged_at + rng.below(r.period_ms / 2 + 1)),
+                    _ => clock.to(charged_at + r.period_ms),
+                };
+                let cost = match rng.below(4) {
+                    0 => 0,
+                    1 => held,
+                    2 => rng.below(held + 1),
+                    _ => held + 1 + rng.below(2 * r.limit),
+                };
+                let amount = cost as i64 - held as i64;
+                if amount != 0 {
+                    let adjustment = Adjustment {
+                        check: c,
+                        charged_at,
+                        amount,
+                    };
+                    twin.adjust(&[adjustment], now).await;
+                }
+                // Observe right after: the settlement must read alike on both.
+                let probe = check(&k, r, 0, true, 0);
+                twin.decide(&[probe], now, &|| {
+                    format!("{} then settling {amount}", context())
+                })
+                .await;
+            }
+        }
+    }
+}
+
+/// A response that cost more than was held leaves a debt: the key's next request waits it
+/// out on every algorithm a response may charge, on both backends.
+#[tokio::test]
+async fn a_debt_delays_the_next_requests() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut clock = TestClock::new();
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ] {
+        let r = rule(algorithm, 10, 1_000, 10);
+        let k = key("debt", "p", &r);
+        let at = clock.now();
+        let c = check(&k, r, 1, true, 0);
+        let v = twin
+            .decide(std::slice::from_ref(&c), at, &|| format!("{algorithm:?}"))
+            .await;
+        assert!(v[0].allowed);
+        // It cost 25: 24 more than held, 15 past the limit.
+        let debt = Adjustment {
+            check: c.clone(),
+            charged_at: at,
+            amount: 24,
+        };
+        twin.adjust(&[debt], at).await;
+        let v = twin
+            .decide(std::slice::from_ref(&c), at, &|| {
+                format!("{algorithm:?} after")
+            })
+            .await;
+        assert!(
+            !v[0].allowed,
+            "{algorithm:?}: the next request must wait out the debt"
+        );
+        assert_eq!(v[0].remaining, 0);
+        // token_bucket and gcra: 15 units past the limit at 10 per second is 1.5 s more.
+        if matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+            assert!(v[0].retry_after_ms >= 1_500, "{algorithm:?}: {:?}", v[0]);
         }
     }
 }

@@ -79,6 +79,96 @@ pub fn decide(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdi
     }
 }
 
+/// Charges `cost` more units at `now` whatever the limit (a response that cost more than
+/// was held, DESIGN §12): the key carries the debt, so its next requests wait for it.
+/// Windows and logs count past the limit; token_bucket and gcra book ahead, as a delayed
+/// request with no bound on its wait would. Not for leaky_bucket or concurrency (`check`
+/// refuses response costs there): their state is returned unchanged.
+pub fn charge(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> Option<State> {
+    let unbounded = match rule.algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => Rule {
+            max_delay_ms: Some(u64::MAX),
+            ..*rule
+        },
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => Rule {
+            limit: u64::MAX >> 1,
+            ..*rule
+        },
+        Algorithm::LeakyBucket | Algorithm::Concurrency => return None,
+    };
+    let (verdict, state) = decide(&unbounded, state, now, cost);
+    verdict.allowed.then_some(state)
+}
+
+/// Takes back `cost` units of a charge made at `charged_at` (the time its decision was
+/// made at), as far as they still count: a window that has ended keeps nothing to take
+/// back, a bucket never holds more than its capacity. None: nothing changes.
+pub fn refund(rule: &Rule, state: &State, charged_at: u64, cost: u64) -> Option<State> {
+    let p = rule.period_ms;
+    match state {
+        State::Window { start, count } if *start == charged_at - charged_at % p => {
+            Some(State::Window {
+                start: *start,
+                count: count.saturating_sub(cost),
+            })
+        }
+        State::Sliding { start, prev, curr } => {
+            let charged = charged_at - charged_at % p;
+            if *start == charged {
+                Some(State::Sliding {
+                    start: *start,
+                    prev: *prev,
+                    curr: curr.saturating_sub(cost),
+                })
+            } else if *start == charged + p {
+                // A later request opened the next window: the charge now sits in `prev`.
+                Some(State::Sliding {
+                    start: *start,
+                    prev: prev.saturating_sub(cost),
+                    curr: *curr,
+                })
+            } else {
+                None
+            }
+        }
+        State::Log { entries, total } => {
+            // Requests admitted in one millisecond count as one entry, as in the sorted set.
+            if !entries.iter().any(|(t, _)| *t == charged_at) {
+                return None;
+            }
+            let mut left = cost;
+            let mut entries = entries.clone();
+            for (_, units) in entries.iter_mut().filter(|(t, _)| *t == charged_at) {
+                let taken = left.min(*units);
+                *units -= taken;
+                left -= taken;
+            }
+            entries.retain(|(_, units)| *units > 0);
+            Some(State::Log {
+                entries,
+                total: total - (cost - left),
+            })
+        }
+        State::Bucket { scaled, last } => {
+            let capacity = rule.burst as i128 * p as i128;
+            Some(State::Bucket {
+                scaled: (scaled + cost as i128 * p as i128).min(capacity),
+                last: *last,
+            })
+        }
+        State::Tat { ms, frac } => {
+            let limit = rule.limit as u128;
+            let tat = *ms as u128 * limit + *frac as u128;
+            let back = tat.saturating_sub(cost as u128 * p as u128);
+            Some(State::Tat {
+                ms: (back / limit) as u64,
+                frac: (back % limit) as u64,
+            })
+        }
+        _ => None,
+    }
+}
+
 /// The time (ms) from which `state` means the same as no state at all.
 pub fn expires_at(rule: &Rule, state: &State) -> u64 {
     let p = rule.period_ms;

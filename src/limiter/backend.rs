@@ -23,6 +23,16 @@ pub struct Check {
     pub ban_ms: u64,
 }
 
+/// A charge settled when the response is known (DESIGN §12): `amount` more units for
+/// `check`'s key, charged now whatever the limit; or, when negative, that many taken back
+/// from the charge its decision made at `charged_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adjustment {
+    pub check: Check,
+    pub charged_at: u64,
+    pub amount: i64,
+}
+
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum BackendError {
     #[error("timed out")]
@@ -58,6 +68,10 @@ pub trait Backend: Send + Sync {
     /// nothing: when every `enforce` check allows, each allowing check is charged; otherwise
     /// none is. Returns one verdict per check, in order.
     async fn decide(&self, checks: &[Check], now_ms: u64) -> Result<Vec<Verdict>, BackendError>;
+
+    /// Applies every adjustment at `now_ms` (a backend with its own clock may ignore it),
+    /// atomically per key. Bans are neither read nor set.
+    async fn adjust(&self, adjustments: &[Adjustment], now_ms: u64) -> Result<(), BackendError>;
 
     /// concurrency: frees the slot held by `lease` under `key`.
     async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError>;

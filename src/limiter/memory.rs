@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::algorithm::{self, State, Verdict};
-use super::backend::{Backend, BackendError, Check};
+use super::backend::{Adjustment, Backend, BackendError, Check};
 use crate::config::Algorithm;
 
 const SHARDS: usize = 64;
@@ -163,6 +163,34 @@ impl MemoryBackend {
             .collect()
     }
 
+    /// Applies each adjustment to its key's live state (a charge creates it; a refund of a
+    /// key with no live state has nothing to take back).
+    pub fn adjust_now(&self, adjustments: &[Adjustment], now: u64) {
+        for adjustment in adjustments {
+            let check = &adjustment.check;
+            let mut shard = self.shards[Self::shard_of(&check.key)].lock();
+            let state = shard
+                .map
+                .get(&check.key)
+                .filter(|e| e.expires > now)
+                .map(|e| &e.state);
+            let amount = adjustment.amount.unsigned_abs();
+            let adjusted = match (adjustment.amount > 0, state) {
+                (true, state) => algorithm::charge(&check.rule, state, now, amount),
+                (false, Some(state)) => {
+                    algorithm::refund(&check.rule, state, adjustment.charged_at, amount)
+                }
+                (false, None) => None,
+            };
+            if let Some(state) = adjusted {
+                let expires = algorithm::expires_at(&check.rule, &state);
+                if shard.insert(&check.key, state, expires, now, self.per_shard) {
+                    self.evictions.inc();
+                }
+            }
+        }
+    }
+
     /// Forgets `key`'s state and ban.
     pub fn reset_now(&self, key: &str) {
         let mut shard = self.shards[Self::shard_of(key)].lock();
@@ -283,6 +311,11 @@ impl Backend for MemoryBackend {
 
     async fn decide(&self, checks: &[Check], now_ms: u64) -> Result<Vec<Verdict>, BackendError> {
         Ok(self.decide_now(checks, now_ms))
+    }
+
+    async fn adjust(&self, adjustments: &[Adjustment], now_ms: u64) -> Result<(), BackendError> {
+        self.adjust_now(adjustments, now_ms);
+        Ok(())
     }
 
     async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError> {

@@ -53,7 +53,7 @@ use redis::{
 use tokio::sync::oneshot;
 
 use super::algorithm::Verdict;
-use super::backend::{Backend, BackendError, Check, Listener};
+use super::backend::{Adjustment, Backend, BackendError, Check, Listener};
 use super::pubsub;
 use super::scripts::{self, Mode, Reply, Request};
 use crate::config::{self, ClockSource};
@@ -287,6 +287,25 @@ impl Store {
         self.checked(result).map(|_| ())
     }
 
+    /// Settles adjustments: one call per cluster slot (each key's adjustment is atomic on
+    /// its own; a response's adjustments need not land together).
+    async fn adjust(
+        self,
+        adjustments: Vec<Adjustment>,
+        now: Option<u64>,
+    ) -> Result<(), BackendError> {
+        let groups: Vec<Vec<usize>> = match self {
+            Store::Cluster(_) => by_slot(adjustments.iter().map(|a| a.check.key.as_str())),
+            _ => vec![(0..adjustments.len()).collect()],
+        };
+        for group in groups {
+            let call = scripts::adjust_invocation(group.iter().map(|&i| &adjustments[i]), now);
+            let result = call.invoke_async::<Vec<i64>>(&mut self.conn()?).await;
+            self.checked(result)?;
+        }
+        Ok(())
+    }
+
     async fn release(self, key: String, lease: u64) -> Result<(), BackendError> {
         let release = scripts::release_invocation(&key, lease);
         let result = release.invoke_async::<Vec<i64>>(&mut self.conn()?).await;
@@ -355,7 +374,7 @@ impl Backend for RedisBackend {
         let now = self.script_now(now_ms);
         let queue = match &self.store {
             Store::Cluster(c) => {
-                let groups = by_slot(checks);
+                let groups = by_slot(checks.iter().map(|c| c.key.as_str()));
                 if groups.len() > 1 {
                     // Not batched: every slot's group is peeked, then charged or refunded.
                     let (c, checks) = (c.clone(), checks.to_vec());
@@ -378,6 +397,14 @@ impl Backend for RedisBackend {
         verdicts
             .await
             .unwrap_or_else(|_| Err(BackendError::Connection("redis call did not finish".into())))
+    }
+
+    async fn adjust(&self, adjustments: &[Adjustment], now_ms: u64) -> Result<(), BackendError> {
+        if adjustments.is_empty() {
+            return Ok(());
+        }
+        let (store, now) = (self.store.clone(), self.script_now(now_ms));
+        self.run(store.adjust(adjustments.to_vec(), now)).await
     }
 
     async fn release(&self, key: &str, lease: u64) -> Result<(), BackendError> {
@@ -500,11 +527,11 @@ fn enforce_flags(checks: &[Check]) -> Vec<bool> {
     checks.iter().map(|c| c.enforce).collect()
 }
 
-/// Check indexes grouped by cluster slot, in the order the slots first appear.
-fn by_slot(checks: &[Check]) -> Vec<Vec<usize>> {
+/// Key indexes grouped by cluster slot, in the order the slots first appear.
+fn by_slot<'k>(keys: impl IntoIterator<Item = &'k str>) -> Vec<Vec<usize>> {
     let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
-    for (i, check) in checks.iter().enumerate() {
-        let slot = Slot::for_key(&check.key);
+    for (i, key) in keys.into_iter().enumerate() {
+        let slot = Slot::for_key(key);
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, members)) => members.push(i),
             None => groups.push((slot, vec![i])),
@@ -549,15 +576,21 @@ async fn decide_across_slots(
         if !reply.charged {
             continue;
         }
-        let charged: Vec<Check> = group
+        let charged: Vec<Adjustment> = group
             .iter()
             .zip(&reply.verdicts)
-            .filter(|(_, v)| v.allowed)
-            .map(|(&i, _)| checks[i].clone())
+            .filter(|(&i, v)| v.allowed && checks[i].cost > 0)
+            .map(|(&i, _)| Adjustment {
+                check: checks[i].clone(),
+                charged_at: reply.now,
+                amount: -(checks[i].cost as i64),
+            })
             .collect();
-        let (mut conn, charged_at) = (conn.clone(), reply.now);
+        let mut conn = conn.clone();
         refunds.push(tokio::spawn(async move {
-            let result = call(&mut conn, Mode::Refund { charged_at }, &charged, now).await;
+            let result = scripts::adjust_invocation(&charged, now)
+                .invoke_async::<Vec<i64>>(&mut conn)
+                .await;
             if let Err(e) = result {
                 log::warn!(
                     "redis limiter: refund of {} checks failed: {e}",

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use redis::{Script, ScriptInvocation};
 
 use super::algorithm::Verdict;
-use super::backend::{BackendError, Check};
+use super::backend::{Adjustment, BackendError, Check};
 use crate::config::Algorithm;
 
 const COMMON: &str = include_str!("../../lua/common.lua");
@@ -129,8 +129,6 @@ pub(crate) enum Mode {
     Decide,
     /// Evaluate only.
     Peek,
-    /// Undo one charge of every check, made at `charged_at` (the `now` that call replied).
-    Refund { charged_at: u64 },
 }
 
 /// A `Decide` or `Peek` reply.
@@ -144,8 +142,8 @@ pub(crate) struct Reply {
 }
 
 /// One call for `checks`: ARGV is the mode (for a decide, with each check's enforce flag),
-/// now, for a refund charged_at, then six fields per check (see `lua/decide.lua`). `now` is
-/// `None` when the script should read Redis TIME.
+/// now, then six fields per check (see `lua/decide.lua`). `now` is `None` when the script
+/// should read Redis TIME.
 pub(crate) fn invocation<'c>(
     mode: Mode,
     checks: impl IntoIterator<Item = &'c Check>,
@@ -155,22 +153,36 @@ pub(crate) fn invocation<'c>(
     let set = checks.iter().fold(0, |set, c| set | bit(c.rule.algorithm));
     let mut call = script(set).prepare_invoke();
     // Checks that ban (enforced, `ban_ms` > 0) take flag "2", their ban key after every
-    // state key, and their `ban_ms` after every check's fields. A refund never bans.
-    let banning = match mode {
-        Mode::Refund { .. } => false,
-        _ => checks.iter().any(|c| bans(c)),
-    };
+    // state key, and their `ban_ms` after every check's fields.
+    let banning = checks.iter().any(|c| bans(c));
     match mode {
         Mode::Decide => call.arg(flags("decide", &checks)),
         Mode::Peek if !banning => call.arg("peek"),
         Mode::Peek => call.arg(flags("peek", &checks)),
-        Mode::Refund { .. } => call.arg("refund"),
     };
     call.arg(now.map(|n| n.to_string()).unwrap_or_default());
-    if let Mode::Refund { charged_at } = mode {
-        call.arg(charged_at);
-    }
     push_checks(&mut call, &checks, banning);
+    call
+}
+
+/// One "adjust" call settling `adjustments` (`now` as for `invocation`): ARGV is "adjust",
+/// now, then per adjustment its check's first five fields, the amount and the time of the
+/// charge it adjusts. The reply is `{now}`.
+pub(crate) fn adjust_invocation<'a>(
+    adjustments: impl IntoIterator<Item = &'a Adjustment>,
+    now: Option<u64>,
+) -> ScriptInvocation<'static> {
+    let adjustments: Vec<&Adjustment> = adjustments.into_iter().collect();
+    let set = adjustments
+        .iter()
+        .fold(0, |set, a| set | bit(a.check.rule.algorithm));
+    let mut call = script(set).prepare_invoke();
+    call.arg("adjust")
+        .arg(now.map(|n| n.to_string()).unwrap_or_default());
+    for adjustment in adjustments {
+        push_rule(&mut call, &adjustment.check);
+        call.arg(adjustment.amount).arg(adjustment.charged_at);
+    }
     call
 }
 
@@ -240,20 +252,25 @@ fn flags(mode: &str, checks: &[&Check]) -> String {
 
 /// Every check's key and six fields; with `banning`, then the ban key and the ban of every
 /// check that bans.
+/// A check's key and its first five fields: algorithm, limit, period, burst, max_delay.
+fn push_rule(call: &mut ScriptInvocation<'static>, check: &Check) {
+    let rule = &check.rule;
+    call.key(&check.key)
+        .arg(rule.algorithm.name())
+        .arg(rule.limit)
+        .arg(rule.period_ms);
+    if rule.algorithm == Algorithm::Concurrency {
+        // In the places of burst and max_delay, which concurrency has no use for.
+        call.arg(rule.lease_ms).arg(check.lease);
+    } else {
+        call.arg(rule.burst)
+            .arg(rule.max_delay_ms.map(|d| d.to_string()).unwrap_or_default());
+    }
+}
+
 fn push_checks(call: &mut ScriptInvocation<'static>, checks: &[&Check], banning: bool) {
     for check in checks {
-        let rule = &check.rule;
-        call.key(&check.key)
-            .arg(rule.algorithm.name())
-            .arg(rule.limit)
-            .arg(rule.period_ms);
-        if rule.algorithm == Algorithm::Concurrency {
-            // In the places of burst and max_delay, which concurrency has no use for.
-            call.arg(rule.lease_ms).arg(check.lease);
-        } else {
-            call.arg(rule.burst)
-                .arg(rule.max_delay_ms.map(|d| d.to_string()).unwrap_or_default());
-        }
+        push_rule(call, check);
         call.arg(check.cost);
     }
     if banning {
@@ -447,11 +464,16 @@ mod tests {
             lease: 0,
             ban_ms: 0,
         };
-        let packed = invocation(Mode::Refund { charged_at: 42 }, [&check, &check], Some(7));
+        let adjustment = Adjustment {
+            check: check.clone(),
+            charged_at: 42,
+            amount: -2,
+        };
+        let packed = adjust_invocation([&adjustment, &adjustment], Some(7));
         let text = format!("{packed:?}");
         assert!(
-            // mode, now, charged_at, then six fields per check.
-            text.contains("args: 15") && text.contains("keys: 2"),
+            // mode, now, then seven fields per adjustment.
+            text.contains("args: 16") && text.contains("keys: 2"),
             "{text}"
         );
         // A banning check: its ban key after the state keys, its ban after the fields.
