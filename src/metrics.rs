@@ -47,6 +47,11 @@ pub struct Metrics {
     pub http_duration: HistogramVec,
     pub decisions: IntCounterVec,
     pub deny_cache_hits: IntCounterVec,
+    /// `sluice_policy_units_total{route, policy, kind}`: units reserved at admission,
+    /// charged and refunded once responses settle them (DESIGN §12).
+    pub policy_units: IntCounterVec,
+    /// `sluice_response_cost_missing_total{route, policy}`.
+    pub response_cost_missing: IntCounterVec,
     pub limiter_duration: HistogramVec,
     pub backend_errors: IntCounterVec,
     pub backend_up: IntGaugeVec,
@@ -306,6 +311,18 @@ impl Metrics {
                 "sluice_deny_cache_hits_total",
                 "Requests rejected from the local cache of over-limit keys",
                 &["policy"],
+            ),
+            policy_units: counter(
+                &r,
+                "sluice_policy_units_total",
+                "Units of policies charged from responses: reserved at admission, then charged or refunded",
+                &["route", "policy", "kind"],
+            ),
+            response_cost_missing: counter(
+                &r,
+                "sluice_response_cost_missing_total",
+                "Responses of metered policies without a usable cost",
+                &["route", "policy"],
             ),
             limiter_duration: histogram(
                 &r,

@@ -9,6 +9,21 @@ const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 /// (fixture, expected lines without the leading "FILE:")
 const CASES: &[(&str, &[&str])] = &[
     (
+        "metering.toml",
+        &[
+            "7:1: charging from the response works with fixed_window, sliding_window, sliding_log, token_bucket and gcra (concurrency counts requests in flight; leaky_bucket has already shaped the request)",
+            "13:21: a status must be 100 to 599, or a range such as \"500-599\"",
+            "13:25: a status must be 100 to 599, or a range such as \"500-599\"",
+            "13:36: a status must be 100 to 599, or a range such as \"500-599\"",
+            "19:1: `count` and `cost = { … }` cannot be used together: a policy charges either its statuses or its response's cost",
+            "26:19: `header`: \"bad header\" is not a valid header name",
+            "26:33: `cost = { usage = … }` is not supported by this build yet; use `cost = { header = … }` or `count`",
+            "33:1: `reserve` 6 can never be admitted: it exceeds `burst` (5)",
+            "34:1: `max_reserve` bounds `reserve = \"request\"` only",
+            "40:1: `reserve` needs `cost = { header = … }` or `cost = { usage = … }`",
+        ],
+    ),
+    (
         "auth_jwt.toml",
         &[
             "7:24: `algorithms`: \"none\": unsigned tokens are never accepted (expected RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512)",

@@ -146,6 +146,7 @@ pub(super) fn failures_policy(max: MaxFailures) -> Policy {
         lease: Duration::from_secs(60),
         overrides: Vec::new(),
         ban: max.ban,
+        metering: None,
     }
 }
 

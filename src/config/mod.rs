@@ -6,6 +6,7 @@
 mod auth;
 mod certs;
 mod edge;
+mod metering;
 mod tree;
 mod validate;
 pub use validate::parse_duration;
@@ -310,6 +311,55 @@ pub struct Policy {
     pub overrides: Vec<Override>,
     /// Once this policy rejects a key, the key is rejected for this long; zero = never.
     pub ban: Duration,
+    /// `count` or `cost = { … }`: the charge made at admission (`cost`, which then holds
+    /// the `reserve`) is settled when the response is known (DESIGN §12).
+    pub metering: Option<Metering>,
+}
+
+/// How a policy's charge is settled from the response (DESIGN §12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Metering {
+    /// `count = { status = [...] }`: the charge stands when the status is listed, else
+    /// it is refunded.
+    Status(Vec<StatusRange>),
+    /// `cost = { header = NAME }`: the response's integer header is the cost.
+    Header(http::HeaderName),
+    /// `cost = { usage = FORMAT }`: the tokens the response's body reports.
+    Usage(UsageFormat),
+}
+
+/// Statuses `low..=high`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusRange {
+    pub low: u16,
+    pub high: u16,
+}
+
+impl Metering {
+    /// `count`: whether a response with `status` keeps its charge.
+    pub fn counts(&self, status: u16) -> bool {
+        match self {
+            Metering::Status(ranges) => ranges.iter().any(|r| (r.low..=r.high).contains(&status)),
+            _ => true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageFormat {
+    OpenAi,
+    Anthropic,
+    Gemini,
+}
+
+/// `reserve`: units held at admission for a response's cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserve {
+    Units(u64),
+    /// `"request"`: the request's own upper bound, at most `most` (`max_reserve`).
+    Request {
+        most: u64,
+    },
 }
 
 /// The numbers a policy counts with: its own, an override's, or (later) a runtime
@@ -417,6 +467,7 @@ impl Policy {
             && self.cost == other.cost
             && self.overrides == other.overrides
             && self.ban == other.ban
+            && self.metering == other.metering
     }
 }
 

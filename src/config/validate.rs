@@ -1094,7 +1094,20 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
         .iter()
         .filter_map(|s| key_part(p, s, "key"))
         .collect();
-    let cost = t.int("cost", 0..=i64::MAX).map_or(1, |n| n.value as u64);
+    // `cost = { … }` is a response's cost (metering); an integer, the fixed cost.
+    let cost = match t.get("cost") {
+        Some(Spanned {
+            value: Node::Table(_),
+            ..
+        }) => 1,
+        _ => t.int("cost", 0..=i64::MAX).map_or(1, |n| n.value as u64),
+    };
+    let (metering, cost) = super::metering::metering(p, &t, algorithm, cost);
+    // What a metered policy holds at admission is its `reserve`.
+    let cost_key = match metering {
+        Some(Metering::Header(_) | Metering::Usage(_)) if t.get("reserve").is_some() => "reserve",
+        _ => "cost",
+    };
     let mode = t
         .choice(
             "mode",
@@ -1149,8 +1162,8 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
     };
     if let Some((what, most)) = ceiling.filter(|(_, most)| cost > *most) {
         p.at(
-            &t.key_span("cost"),
-            format!("`cost` {cost} can never be admitted: it exceeds `{what}` ({most})"),
+            &t.key_span(cost_key),
+            format!("`{cost_key}` {cost} can never be admitted: it exceeds `{what}` ({most})"),
         );
     }
     // Exact integer arithmetic in Redis's Lua needs every product of a count and the period
@@ -1201,6 +1214,7 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
         lease,
         overrides,
         ban,
+        metering,
     })
 }
 

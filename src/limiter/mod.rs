@@ -24,7 +24,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use algorithm::{Rule, Verdict};
-use backend::{Backend, BackendError, Check};
+use backend::{Adjustment, Backend, BackendError, Check};
 use clock::Clock;
 use deny_cache::DenyCache;
 
@@ -83,6 +83,19 @@ pub struct PolicyOutcome {
     pub verdict: Option<Verdict>,
     /// The numbers the policy was decided with (an override's or its own), with `verdict`.
     pub rule: Option<Rule>,
+}
+
+/// How a response settled a metered policy's charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The response cost this many units.
+    Cost(u64),
+    /// `count`: the status counts; the charge stands.
+    Kept,
+    /// `count`: the status does not count; the charge is taken back.
+    Refunded,
+    /// No usable cost: the reservation stands when `kept` (a 2xx), else is taken back.
+    Missing { kept: bool },
 }
 
 /// Why a request may not pass.
@@ -190,6 +203,25 @@ pub struct Outcome {
     /// Allowed: how long to hold the request before forwarding it.
     pub wait_ms: u64,
     pub leases: Vec<Lease>,
+    /// Allowed: the charges of metered policies, for the response to settle.
+    pub charges: Vec<Charge>,
+}
+
+/// A metered policy's charge made at admission, which its response settles (DESIGN §12).
+pub struct Charge {
+    /// An index into the config's policies.
+    pub policy: usize,
+    check: Check,
+    charged_at: u64,
+    /// The backend that made it (the memory fallback's charge is settled there).
+    backend: Arc<dyn Backend>,
+}
+
+impl Charge {
+    /// The units held.
+    pub fn held(&self) -> u64 {
+        self.check.cost
+    }
 }
 
 /// Long-lived parts that survive reloads when their settings do not change.
@@ -444,6 +476,7 @@ impl Limiter {
             denial: None,
             wait_ms: 0,
             leases: Vec::new(),
+            charges: Vec::new(),
         };
         if policy_ids.is_empty() {
             return outcome;
@@ -571,6 +604,89 @@ impl Limiter {
         self.count(route, policies, policy_ids, &outcome);
         self.feed_top(&outcome, seen);
         outcome
+    }
+
+    /// Settles the charges of one request's metered policies once its response is known:
+    /// each with the units its response cost (`None`: no usable cost was found, so the
+    /// charge stands when `kept`, else is refunded). One backend call per backend, bounded
+    /// by the limiter's timeout; a failure leaves the charge as it was (counted).
+    pub async fn settle(&self, route: usize, policies: &[Policy], settled: Vec<(Charge, Settled)>) {
+        let mut by_backend: Vec<(Arc<dyn Backend>, Vec<Adjustment>)> = Vec::new();
+        let now = self.clock.now_ms();
+        for (charge, how) in settled {
+            let policy = &policies[charge.policy];
+            let held = charge.check.cost;
+            let labels = self.route_label(route, policy);
+            let units = |kind: &str, n: u64| {
+                if n > 0 {
+                    self.metrics
+                        .policy_units
+                        .with_label_values(&[&labels, &policy.name, kind])
+                        .inc_by(n);
+                }
+            };
+            units("reserved", held);
+            let cost = match how {
+                Settled::Cost(cost) => cost,
+                Settled::Kept => held,
+                Settled::Refunded => 0,
+                Settled::Missing { kept } => {
+                    self.metrics
+                        .response_cost_missing
+                        .with_label_values(&[&labels, &policy.name])
+                        .inc();
+                    if kept {
+                        held
+                    } else {
+                        0
+                    }
+                }
+            };
+            units("charged", cost);
+            units("refunded", held.saturating_sub(cost));
+            let amount = cost as i64 - held as i64;
+            if amount == 0 {
+                continue;
+            }
+            let adjustment = Adjustment {
+                check: charge.check,
+                charged_at: charge.charged_at,
+                amount,
+            };
+            match by_backend
+                .iter_mut()
+                .find(|(b, _)| Arc::ptr_eq(b, &charge.backend))
+            {
+                Some((_, list)) => list.push(adjustment),
+                None => by_backend.push((charge.backend, vec![adjustment])),
+            }
+        }
+        for (backend, adjustments) in by_backend {
+            let call = backend.adjust(&adjustments, now);
+            let result = match tokio::time::timeout(self.settings.timeout, call).await {
+                Ok(r) => r,
+                Err(_) => Err(BackendError::Timeout),
+            };
+            if let Err(e) = result {
+                self.metrics
+                    .backend_errors
+                    .with_label_values(&[backend.name(), e.kind()])
+                    .inc();
+                log::warn!(
+                    "limiter: settling {} charges on {} failed: {e}",
+                    adjustments.len(),
+                    backend.name()
+                );
+            }
+        }
+    }
+
+    /// The `route` label the decisions of `policy` on route `route` are counted under.
+    fn route_label(&self, route: usize, policy: &Policy) -> String {
+        self.counters
+            .get(route)
+            .and_then(|c| c.iter().find(|c| c.labels[1] == policy.name))
+            .map_or_else(String::new, |c| c.labels[0].clone())
     }
 
     /// Counts each decided key in its policy's sketch: its hash always, its values only
@@ -765,9 +881,17 @@ impl Limiter {
             self.finish_denied(policies, outcome, &violated);
             return;
         }
-        for (check, (verdict, backend)) in checks.iter().zip(verdicts) {
+        for ((check, &id), (verdict, backend)) in checks.iter().zip(checked).zip(verdicts) {
             let Ok(v) = verdict else { continue };
             outcome.wait_ms = outcome.wait_ms.max(v.wait_ms);
+            if policies[id].metering.is_some() && v.allowed && check.cost > 0 {
+                outcome.charges.push(Charge {
+                    policy: id,
+                    check: check.clone(),
+                    charged_at: now,
+                    backend: backend.clone(),
+                });
+            }
             if check.lease != 0 && v.allowed {
                 outcome.leases.push(Lease::hold(
                     check.key.clone(),

@@ -19,12 +19,12 @@ use pingora::upstreams::peer::{HttpPeer, Peer};
 
 use crate::auth::{self, Identity, Presented};
 use crate::config::{
-    AccessLog, AuthMode, HeaderRules, KeyPart, PathMatch, RedirectTo, Scheme, Target,
+    AccessLog, AuthMode, HeaderRules, KeyPart, Metering, PathMatch, RedirectTo, Scheme, Target,
     UpstreamProtocol, AUTH_FAILURES,
 };
 use crate::gateway::{App, Gateway};
 use crate::key::{self, RequestFacts};
-use crate::limiter::{Lease, PolicyOutcome};
+use crate::limiter::{Charge, Lease, PolicyOutcome, Settled};
 use crate::routing::{self, UNMATCHED};
 use connection::ClientConn;
 
@@ -47,6 +47,8 @@ pub struct Ctx {
     rate_headers: Vec<(&'static str, String)>,
     /// Concurrency slots, released when the request ends (dropped with the context).
     leases: Vec<Lease>,
+    /// Charges of metered policies the response settles (DESIGN §12).
+    charges: Vec<Charge>,
     upstream_started: Option<Instant>,
     /// Servers tried for this request, in order; the last one is answering it.
     upstream_tried: Vec<std::net::SocketAddr>,
@@ -200,6 +202,7 @@ impl ProxyHttp for Proxy {
             decisions: Vec::new(),
             rate_headers: Vec::new(),
             leases: Vec::new(),
+            charges: Vec::new(),
             upstream_started: None,
             upstream_tried: Vec::new(),
             body_limit: 0,
@@ -346,6 +349,7 @@ impl ProxyHttp for Proxy {
         );
         ctx.decisions = outcome.policies;
         ctx.leases = outcome.leases;
+        ctx.charges = outcome.charges;
         if let Some(denial) = &outcome.denial {
             let extra = Extra::of(ctx, &gateway);
             write_denial(session, grpc, denial, &ctx.rate_headers, extra).await?;
@@ -582,6 +586,9 @@ impl ProxyHttp for Proxy {
         {
             session.set_read_timeout(None);
         }
+        if !ctx.charges.is_empty() {
+            settle(ctx, Some(resp.status.as_u16()), Some(&resp.headers)).await;
+        }
         if let Some(gateway) = &ctx.gateway {
             let extra = Extra::of(ctx, gateway);
             extra.apply_rules(resp)?;
@@ -609,6 +616,12 @@ impl ProxyHttp for Proxy {
                 .map(|r| r.status.as_u16())
                 .unwrap_or(if e.is_some() { 502 } else { 0 }),
         };
+        if !ctx.charges.is_empty() {
+            // Not settled by an upstream's response: sluice's own answer, a failed
+            // upstream, or a client that went away (status 499, or none written).
+            let sent = Some(status).filter(|s| *s != 0 && *s != 499);
+            settle(ctx, sent, None).await;
+        }
         let route = ctx.route_name();
         let label = ctx.route_label();
         let elapsed = ctx.started.elapsed();
@@ -771,6 +784,33 @@ fn target_as_received(req: &RequestHeader) -> String {
             .map_or("/", |p| p.as_str())
             .to_owned()
     }
+}
+
+/// Settles the request's metered charges (DESIGN §12) by the response's status (None:
+/// the client went away before one was sent) and, from an upstream, its header.
+async fn settle(ctx: &mut Ctx, status: Option<u16>, upstream: Option<&http::HeaderMap>) {
+    let (Some(gateway), Some(route)) = (ctx.gateway.clone(), ctx.route) else {
+        return;
+    };
+    let policies = &gateway.config.policies;
+    let success = status.is_some_and(|s| (200..300).contains(&s));
+    let settled = std::mem::take(&mut ctx.charges)
+        .into_iter()
+        .map(|charge| {
+            let how = match (&policies[charge.policy].metering, status) {
+                (Some(m @ Metering::Status(_)), Some(s)) if !m.counts(s) => Settled::Refunded,
+                (Some(Metering::Status(_)), _) => Settled::Kept,
+                (Some(Metering::Header(name)), _) => upstream
+                    .and_then(|h| h.get(name))
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map_or(Settled::Missing { kept: success }, Settled::Cost),
+                _ => Settled::Missing { kept: success },
+            };
+            (charge, how)
+        })
+        .collect();
+    gateway.limiter.settle(route, policies, settled).await;
 }
 
 /// `[server] request_id` (DESIGN §14): a trusted proxy's id is kept; anyone else's is

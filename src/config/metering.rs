@@ -1,0 +1,208 @@
+//! Charging from the response (DESIGN §12): a policy's `count`, `cost` (a table),
+//! `reserve` and `max_reserve`, read into how its charge is settled.
+
+use super::tree::{Node, Spanned};
+use super::validate::{Problems, Table};
+use super::{Algorithm, Metering, Reserve, StatusRange, UsageFormat};
+
+/// The request's upper bound when `reserve = "request"` finds none in the body.
+const DEFAULT_MAX_RESERVE: u64 = 4096;
+
+/// The policy's metering, if it charges from the response, and the units it holds at
+/// admission (`reserve`, or for `count` the policy's `cost`). `cost` is the policy's
+/// integer `cost` as already read (1 when absent).
+pub(super) fn metering(
+    p: &Problems,
+    t: &Table,
+    algorithm: Option<Algorithm>,
+    cost: u64,
+) -> (Option<Metering>, u64) {
+    let count = t.get("count").and_then(|node| count(p, node));
+    let from_response = match t.get("cost") {
+        Some(
+            node @ Spanned {
+                value: Node::Table(_),
+                ..
+            },
+        ) => cost_source(p, node),
+        _ => None,
+    };
+    let reserve = reserve(p, t);
+    let metering = match (count, from_response) {
+        (Some(_), Some(_)) => {
+            p.at(
+                &t.key_span("count"),
+                "`count` and `cost = { … }` cannot be used together: a policy charges either its statuses or its response's cost",
+            );
+            None
+        }
+        (Some(statuses), None) => Some(Metering::Status(statuses)),
+        (None, Some(source)) => Some(source),
+        (None, None) => None,
+    };
+    let held = match (&metering, reserve) {
+        (Some(Metering::Header(_) | Metering::Usage(_)), Some(Reserve::Units(n))) => n,
+        (Some(Metering::Header(_) | Metering::Usage(_)), None) => 1,
+        (_, Some(_)) => {
+            p.at(
+                &t.key_span("reserve"),
+                "`reserve` needs `cost = { header = … }` or `cost = { usage = … }`",
+            );
+            cost
+        }
+        _ => cost,
+    };
+    if let (Some(_), Some(Algorithm::Concurrency | Algorithm::LeakyBucket)) = (&metering, algorithm)
+    {
+        let key = if t.get("count").is_some() {
+            "count"
+        } else {
+            "cost"
+        };
+        p.at(
+            &t.key_span(key),
+            "charging from the response works with fixed_window, sliding_window, sliding_log, token_bucket and gcra (concurrency counts requests in flight; leaky_bucket has already shaped the request)",
+        );
+    }
+    (metering, held)
+}
+
+/// The `reserve` of a metered policy, with `max_reserve` for `"request"`.
+fn reserve(p: &Problems, t: &Table) -> Option<Reserve> {
+    let max_reserve = t.int("max_reserve", 1..=i64::MAX).map(|n| n.value as u64);
+    let reserve = match t.get("reserve")? {
+        Spanned {
+            value: Node::Int(n),
+            span,
+        } => {
+            if *n < 1 {
+                p.at(span, format!("`reserve` must be at least 1, found {n}"));
+            }
+            Reserve::Units((*n).max(1) as u64)
+        }
+        Spanned {
+            value: Node::Str(s),
+            ..
+        } if s == "request" => {
+            p.at(
+                &t.key_span("reserve"),
+                "`reserve = \"request\"` is not supported by this build yet; reserve a number of units",
+            );
+            Reserve::Request {
+                most: max_reserve.unwrap_or(DEFAULT_MAX_RESERVE),
+            }
+        }
+        other => {
+            p.at(
+                &other.span,
+                "`reserve` must be an integer or \"request\" (the request's own upper bound, from its JSON body)",
+            );
+            return None;
+        }
+    };
+    if max_reserve.is_some() && !matches!(reserve, Reserve::Request { .. }) {
+        p.at(
+            &t.key_span("max_reserve"),
+            "`max_reserve` bounds `reserve = \"request\"` only",
+        );
+    }
+    Some(reserve)
+}
+
+/// `count = { status = [401, 403, "500-599"] }`.
+fn count(p: &Problems, node: &Spanned<Node>) -> Option<Vec<StatusRange>> {
+    let t = Table::new(p, "`count`", node)?;
+    let list = t.required("status");
+    let ranges = match list {
+        Some(Spanned {
+            value: Node::Array(items),
+            span,
+        }) => {
+            if items.is_empty() {
+                p.at(span, "`status` lists no status: nothing would ever count");
+            }
+            items
+                .iter()
+                .filter_map(|item| status_range(p, item))
+                .collect()
+        }
+        Some(other) => {
+            p.at(
+                &other.span,
+                format!(
+                    "`status` must be an array of statuses (401) and ranges (\"500-599\"), found {}",
+                    other.value.kind()
+                ),
+            );
+            Vec::new()
+        }
+        None => Vec::new(),
+    };
+    t.finish();
+    Some(ranges)
+}
+
+fn status_range(p: &Problems, item: &Spanned<Node>) -> Option<StatusRange> {
+    let valid = |n: i64| (100..=599).contains(&n);
+    let range = match &item.value {
+        Node::Int(n) if valid(*n) => Some((*n as u16, *n as u16)),
+        Node::Str(s) => match s.split_once('-') {
+            Some((a, b)) => match (a.trim().parse::<i64>(), b.trim().parse::<i64>()) {
+                (Ok(a), Ok(b)) if valid(a) && valid(b) && a <= b => Some((a as u16, b as u16)),
+                _ => None,
+            },
+            None => None,
+        },
+        _ => None,
+    };
+    if range.is_none() {
+        p.at(
+            &item.span,
+            "a status must be 100 to 599, or a range such as \"500-599\"",
+        );
+    }
+    range.map(|(low, high)| StatusRange { low, high })
+}
+
+/// `cost = { header = "x-usage-units" }` or `cost = { usage = "openai" }`.
+fn cost_source(p: &Problems, node: &Spanned<Node>) -> Option<Metering> {
+    let t = Table::new(p, "`cost`", node)?;
+    let header = t
+        .string("header")
+        .and_then(|name| super::edge::header_name(p, &name, "header"));
+    let usage = t.choice(
+        "usage",
+        &[
+            ("openai", UsageFormat::OpenAi),
+            ("anthropic", UsageFormat::Anthropic),
+            ("gemini", UsageFormat::Gemini),
+        ],
+    );
+    let source = match (header, usage) {
+        (Some(name), None) => Some(Metering::Header(name)),
+        (None, Some(_)) => {
+            // Reading usage from bodies and streams is not built yet (issue #22): refused
+            // rather than charged wrongly.
+            p.at(
+                &t.key_span("usage"),
+                "`cost = { usage = … }` is not supported by this build yet; use `cost = { header = … }` or `count`",
+            );
+            None
+        }
+        (Some(_), Some(_)) => {
+            p.at(&node.span, "`cost` takes one of `header` and `usage`");
+            None
+        }
+        (None, None) => {
+            if t.get("header").is_none() && t.get("usage").is_none() {
+                p.at(
+                    &node.span,
+                    "`cost` must be an integer, `{ header = \"NAME\" }` or `{ usage = \"openai\" | \"anthropic\" | \"gemini\" }`",
+                );
+            }
+            None
+        }
+    };
+    t.finish();
+    source
+}
