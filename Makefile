@@ -30,7 +30,8 @@ all: build
 # The build needs cmake; the tests need redis-server, redis-cli, faketime (clock skew),
 # prometheus (the server and promtool: the dashboard and alerts are checked in a real one),
 # python3-websockets (the WebSocket upstream of tests/websocket.rs, for Debian's python3),
-# curl with HTTP/2 and python3's grpc module (tests/grpc.rs: a real gRPC server and client).
+# curl with HTTP/2 and python3's grpc module (tests/grpc.rs: a real gRPC server and client),
+# chromium (tests/console.rs drives the operator console in a real headless browser).
 # Installs what is missing with apt when run as root; otherwise says exactly what to install.
 deps:
 	@missing=""; \
@@ -43,6 +44,7 @@ deps:
 	  python3 -c 'import websockets' >/dev/null 2>&1 || missing="$$missing python3-websockets"; \
 	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
 	{ python3 -c 'import grpc' || /usr/bin/python3 -c 'import grpc'; } >/dev/null 2>&1 || missing="$$missing python3-grpcio"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing:$$missing"; \
