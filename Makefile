@@ -23,7 +23,7 @@ PREFIX   ?= /usr
 DESTDIR  ?=
 CONFIGS  := $(wildcard conf/*.toml)
 
-.PHONY: all deps build dist dist-pgo run test lint unit check-configs ops prometheus bench soak install clean
+.PHONY: all deps build dist dist-pgo run test lint unit check-configs ops prometheus console-screenshots bench soak install clean
 
 all: build
 
@@ -93,6 +93,11 @@ prometheus: build
 	scripts/check-prometheus.sh $(SLUICE)
 
 test: deps lint unit check-configs ops prometheus
+
+# The README's pictures of the operator console (docs/console-*.png), taken by the same
+# headless Chromium as tests/console.rs, against a live sluice with traffic.
+console-screenshots: deps
+	SLUICE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs $(CARGO) test --release --locked --test console screenshots -- --ignored
 
 bench: $(SHIP)
 	bench/run.sh $(SHIPPED)

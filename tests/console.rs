@@ -627,7 +627,7 @@ fn screenshots() {
                 "/static/s.css",
             ];
             while running.load(Ordering::Relaxed) {
-                let client = format!("203.0.113.{}", n % 40);
+                let client = format!("203.0.113.{}", n % 250);
                 http::get(
                     addr,
                     paths[n as usize % paths.len()],
@@ -648,21 +648,22 @@ fn screenshots() {
         WAIT,
         "parseFloat(document.querySelector('#routes-table tbody tr')?.cells[2]?.textContent) > 0",
     );
-    b.screenshot(&out.join("console-desktop.png"), 1280, 900);
+    b.screenshot(&out.join("console-narrow.png"), 390, 844);
     show_tab(&mut b, "policies");
     click_in_row(&mut b, "policies-table", "per_client", "per_client");
     b.eval(
         "document.querySelector('#key-parts input').value = '203.0.113.7'; \
-         document.getElementById('key-lookup').click(); true",
+         document.getElementById('ov-limit').value = '50'; \
+         document.getElementById('ov-ttl').value = '1d'; \
+         document.getElementById('ov-set').click(); true",
     );
     b.wait_for(
-        "a quota",
+        "the override and the quota under it",
         WAIT,
-        "document.querySelectorAll('#quota-table tbody tr').length > 0",
+        "document.querySelector('#runtime-overrides-table tbody tr')?.cells.length > 1 && \
+         document.querySelectorAll('#quota-table tbody tr').length > 0",
     );
-    b.screenshot(&out.join("console-desktop-policies.png"), 1280, 900);
-    show_tab(&mut b, "routes");
-    b.screenshot(&out.join("console-narrow.png"), 390, 844);
+    b.screenshot(&out.join("console-desktop.png"), 1280, 900);
     running.store(false, Ordering::Relaxed);
     traffic.join().expect("traffic");
 }

@@ -60,6 +60,9 @@
 
   function fmtSeconds(s) {
     if (s === null || s === undefined) return '—';
+    for (const [unit, size] of [['d', 86400], ['h', 3600], ['m', 60]]) {
+      if (s >= size && Number.isInteger(s / size)) return `${s / size}${unit}`;
+    }
     if (s < 1) return `${Math.round(s * 1000)}ms`;
     if (s < 120) return `${+s.toFixed(3)}s`;
     if (s < 7200) return `${+(s / 60).toFixed(1)}m`;
@@ -452,7 +455,10 @@
     const values = keyValues();
     try {
       const q = await api('GET', `/v1/quota/${seg(policy)}?${keyQuery(values)}`);
-      const rows = Object.entries(q).map(([k, v]) => {
+      const order = ['policy', 'key', 'limit', 'period_seconds', 'burst', 'remaining', 'reset_seconds',
+        'retry_after_seconds', 'banned_seconds', 'override'];
+      const fields = Object.keys(q).sort((a, b) => (order.indexOf(a) + 1 || 99) - (order.indexOf(b) + 1 || 99));
+      const rows = fields.map((k) => [k, q[k]]).map(([k, v]) => {
         let shown = v;
         if (v === null) shown = '—';
         else if (Array.isArray(v)) shown = keyText(v);
