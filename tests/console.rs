@@ -26,7 +26,8 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// Routes `/open/` (policy per_client: 3 per hour on `x-client`) and `/api/` (API keys
 /// required, per_consumer), both to `upstream`; consumer acme from the config.
-fn template(upstream: &EchoUpstream, token_file: &str, extra: &str) -> String {
+/// `extra` goes at the end of `[server]` (more tables may follow it), `admin` in `[admin]`.
+fn template(upstream: &EchoUpstream, token_file: &str, extra: &str, admin: &str) -> String {
     format!(
         r#"[server]
 listen = ["{{listen}}"]
@@ -35,6 +36,7 @@ access_log = "off"
 [admin]
 listen = "{{admin}}"
 token_file = "{token_file}"
+{admin}
 [limiter]
 backend = "memory"
 [auth]
@@ -80,10 +82,10 @@ struct Setup {
 }
 
 fn start() -> Setup {
-    start_with(|_, _| String::new())
+    start_with("", |_, _| String::new())
 }
 
-fn start_with(extra: impl Fn(&TempDir, &EchoUpstream) -> String) -> Setup {
+fn start_with(admin: &str, extra: impl Fn(&TempDir, &EchoUpstream) -> String) -> Setup {
     let dir = TempDir::new();
     let token_file = dir.0.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
@@ -93,6 +95,7 @@ fn start_with(extra: impl Fn(&TempDir, &EchoUpstream) -> String) -> Setup {
         &upstream,
         &token_file.display().to_string(),
         &extra,
+        admin,
     ));
     Setup {
         sluice,
@@ -116,6 +119,16 @@ fn sign_in(b: &mut Browser, token: &str) {
         "document.getElementById('token').value = {}; \
          document.querySelector('#login button[type=submit]').click(); true",
         js(token)
+    ));
+}
+
+/// Sets a form field as typing or choosing does, with its `input` and `change` events.
+fn set_field(b: &mut Browser, id: &str, value: &str) {
+    b.eval(&format!(
+        "(() => {{ const f = document.getElementById({}); f.value = {}; \
+         f.dispatchEvent(new Event('input')); f.dispatchEvent(new Event('change')); return true; }})()",
+        js(id),
+        js(value)
     ));
 }
 
@@ -358,10 +371,7 @@ fn rates_move_with_traffic_and_hostile_keys_stay_text() {
 
     // The hostile key in the top keys, verbatim, as text.
     show_tab(&mut b, "top");
-    b.eval(
-        "const t = document.getElementById('top-policy'); t.value = 'per_client'; \
-         t.dispatchEvent(new Event('change')); true",
-    );
+    set_field(&mut b, "top-policy", "per_client");
     let found = b.wait_for(
         "the hostile key in the top keys",
         WAIT,
@@ -372,10 +382,7 @@ fn rates_move_with_traffic_and_hostile_keys_stay_text() {
     );
     assert_eq!(found, serde_json::json!(true));
     // Filtering finds it by its text.
-    b.eval(
-        "const f = document.getElementById('top-filter'); f.value = 'onerror'; \
-         f.dispatchEvent(new Event('input')); true",
-    );
+    set_field(&mut b, "top-filter", "onerror");
     let filtered = b.eval(&format!("({ROWS})('top-table').map((r) => r[0])"));
     assert_eq!(filtered, serde_json::json!([PAYLOAD]));
     // Never parsed: no element came of it, nothing ran, the title is the page's.
@@ -578,6 +585,79 @@ fn api_keys_are_created_and_revoked_from_the_page() {
     );
 }
 
+#[test]
+fn a_fleet_sized_config_stays_usable() {
+    // 300 more routes, each under its own policy, and 2,500 distinct keys on one of them.
+    let setup = start_with("top_keys = 5000", |_, _| {
+        let mut extra = String::new();
+        for i in 0..300 {
+            extra.push_str(&format!(
+                "[policies.tenant_{i}]\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1m\"\nkey = [\"header:x-client\"]\n\
+                 [[routes]]\nname = \"tenant-{i}\"\npath_prefix = \"/t/{i}/\"\nrespond = {{ status = 200, body = \"ok\\n\" }}\npolicies = [\"tenant_{i}\"]\n"
+            ));
+        }
+        extra
+    });
+    let s = &setup.sluice;
+    for n in 0..2500 {
+        let key = format!("tenant-key-{n:05}");
+        assert_eq!(s.get_with("/t/7/x", &[("x-client", &key)]).status, 200);
+    }
+    let mut b = Browser::open(&console_url(s), 390, 844);
+    sign_in(&mut b, TOKEN);
+    b.wait_for(
+        "every route",
+        WAIT,
+        "document.querySelectorAll('#routes-table tbody tr').length === 302",
+    );
+    // A filter narrows the table to what it names.
+    set_field(&mut b, "routes-filter", "tenant-7");
+    let names = b.eval(&format!("({ROWS})('routes-table').map((r) => r[0])"));
+    let want: Vec<String> = std::iter::once("tenant-7".to_owned())
+        .chain((70..80).map(|i| format!("tenant-{i}")))
+        .collect();
+    assert_eq!(names, serde_json::json!(want));
+    // Thousands of top keys: at most 1,000 rows drawn, and said so; a filter finds the rest.
+    show_tab(&mut b, "top");
+    set_field(&mut b, "top-policy", "tenant_7");
+    let note = b.wait_for(
+        "the top keys",
+        WAIT,
+        "document.querySelectorAll('#top-table tbody tr').length === 1000 && \
+         document.getElementById('top-note').textContent",
+    );
+    assert_eq!(
+        note,
+        serde_json::json!("Showing 1000 of 2500: filter to narrow.")
+    );
+    set_field(&mut b, "top-filter", "tenant-key-02499");
+    let found = b.eval(&format!("({ROWS})('top-table').map((r) => r[0])"));
+    assert_eq!(found, serde_json::json!(["tenant-key-02499"]));
+    // At phone width nothing is wider than the screen: wide tables scroll in their own box.
+    for tab in [
+        "routes",
+        "policies",
+        "top",
+        "consumers",
+        "upstreams",
+        "certificates",
+        "reload",
+    ] {
+        show_tab(&mut b, tab);
+        let fits = b.eval("document.documentElement.scrollWidth <= window.innerWidth");
+        assert_eq!(
+            fits,
+            serde_json::json!(true),
+            "the {tab} tab overflows the page"
+        );
+    }
+    let (dialogs, problems) = b.events();
+    assert!(
+        dialogs.is_empty() && problems.is_empty(),
+        "{dialogs:?} {problems:?}"
+    );
+}
+
 /// Writes `console-desktop.png` and `console-narrow.png` into `$SLUICE_CONSOLE_SCREENSHOTS`
 /// (the README's, under docs/): a config with several routes, upstreams (one server down),
 /// a certificate, and traffic.
@@ -588,7 +668,7 @@ fn screenshots() {
         std::env::var("SLUICE_CONSOLE_SCREENSHOTS").expect("SLUICE_CONSOLE_SCREENSHOTS=DIR"),
     );
     std::fs::create_dir_all(&out).expect("the screenshot directory");
-    let setup = start_with(|dir, up| {
+    let setup = start_with("", |dir, up| {
         tls_files(&dir.0, "DNS:api.example.com");
         let down = format!("127.0.0.1:{}", free_port());
         let mut extra = format!(
