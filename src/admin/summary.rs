@@ -168,3 +168,24 @@ fn unix_now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::Opts;
+
+    #[test]
+    fn sums_add_the_kept_series_by_one_label() {
+        let vec = IntCounterVec::new(Opts::new("t", "t"), &["route", "status"]).expect("vec");
+        vec.with_label_values(&["a", "200"]).inc_by(5);
+        vec.with_label_values(&["a", "429"]).inc_by(2);
+        vec.with_label_values(&["b", "429"]).inc_by(7);
+        vec.with_label_values(&["c", "200"]).inc_by(0);
+        let all = sums(&vec, "route", |_| true);
+        assert_eq!((all["a"], all["b"], all["c"]), (7, 7, 0));
+        let limited = sums(&vec, "route", |l| l.get("status") == Some(&"429"));
+        assert_eq!((limited["a"], limited["b"]), (2, 7));
+        assert!(!limited.contains_key("c"));
+        assert!(sums(&vec, "nope", |_| true).is_empty());
+    }
+}
