@@ -23,14 +23,15 @@ PREFIX   ?= /usr
 DESTDIR  ?=
 CONFIGS  := $(wildcard conf/*.toml)
 
-.PHONY: all deps container-test build dist dist-pgo run test lint unit check-configs ops prometheus bench soak install clean
+.PHONY: all deps container-test build dist dist-pgo run test lint unit check-configs ops prometheus console-screenshots bench soak install clean
 
 all: build
 
 # The build needs cmake; the tests need redis-server, redis-cli, faketime (clock skew),
 # prometheus (the server and promtool: the dashboard and alerts are checked in a real one),
 # python3-websockets (the WebSocket upstream of tests/websocket.rs, for Debian's python3),
-# curl with HTTP/2 and python3's grpc module (tests/grpc.rs: a real gRPC server and client).
+# curl with HTTP/2 and python3's grpc module (tests/grpc.rs: a real gRPC server and client),
+# chromium (tests/console.rs drives the operator console in a real headless browser).
 # Installs what is missing with apt when run as root; otherwise says exactly what to install.
 deps:
 	@missing=""; \
@@ -43,6 +44,7 @@ deps:
 	  python3 -c 'import websockets' >/dev/null 2>&1 || missing="$$missing python3-websockets"; \
 	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
 	{ python3 -c 'import grpc' || /usr/bin/python3 -c 'import grpc'; } >/dev/null 2>&1 || missing="$$missing python3-grpcio"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	scripts/apt-need.sh $$missing
 
 build: deps
@@ -94,6 +96,11 @@ container-test:
 	for p in podman runc mmdebstrap bc; do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	scripts/apt-need.sh $$missing
 	scripts/container-test.sh
+
+# The README's pictures of the operator console (docs/console-*.png), taken by the same
+# headless Chromium as tests/console.rs, against a live sluice with traffic.
+console-screenshots: deps
+	SLUICE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs $(CARGO) test --release --locked --test console screenshots -- --ignored
 
 bench: $(SHIP)
 	bench/run.sh $(SHIPPED)

@@ -16,8 +16,9 @@
 //!   passive health); responses.
 //! - `gateway`: the state built from one config, swapped whole on reload.
 //! - `tls`: TLS termination: certificates by SNI, client certificates, reload.
-//! - `admin`: /metrics, /healthz, /readyz and the `/v1/` API (`api`). `metrics`: every
-//!   metric family.
+//! - `admin`: /metrics, /healthz, /readyz, the `/v1/` API (`api`, `consumers`, `summary`)
+//!   and the operator console (`console`: one page compiled in). `metrics`: every metric
+//!   family.
 //! - `server`: wiring it together and running until SIGTERM.
 
 pub mod admin;

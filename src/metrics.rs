@@ -26,8 +26,9 @@ pub const DECISIONS: [&str; 9] = [
 pub const BACKEND_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "circuit_open"];
 
 /// The admin API's endpoints (the `endpoint` label) and the status each answers on success.
-pub const ADMIN_ENDPOINTS: [(&str, &str); 12] = [
+pub const ADMIN_ENDPOINTS: [(&str, &str); 13] = [
     ("policies", "200"),
+    ("summary", "200"),
     ("quota", "200"),
     ("reset", "204"),
     ("override_put", "200"),

@@ -20,6 +20,7 @@ pub fn endpoint(method: &Method, segments: &[String]) -> &'static str {
     let first = segments.first().map(String::as_str);
     match (method, first) {
         (&Method::GET, Some("policies")) => "policies",
+        (&Method::GET, Some("summary")) => "summary",
         (&Method::GET, Some("quota")) => "quota",
         (&Method::DELETE, Some("quota")) => "reset",
         (&Method::PUT, Some("overrides")) => "override_put",

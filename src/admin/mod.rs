@@ -1,9 +1,12 @@
-//! The admin listener: /metrics, /healthz, /readyz, and the `/v1/` API (`api`): routing,
-//! bearer-token auth, problem+json errors and counting here, the handlers in `api`.
+//! The admin listener: /metrics, /healthz, /readyz, the `/v1/` API (`api`) and the operator
+//! console (`console`): routing, bearer-token auth, problem+json errors and counting here, the
+//! handlers in `api`, `consumers` and `summary`.
 
 mod api;
 pub mod client;
+mod console;
 mod consumers;
+mod summary;
 
 use std::sync::Arc;
 
@@ -201,7 +204,12 @@ impl Admin {
                                 body,
                                 caller,
                             };
-                            api::handle(&gateway, &call).await
+                            match (&call.method, &call.segments[..]) {
+                                (&Method::GET, [one]) if one == "summary" => {
+                                    summary::summary(&self.app, &gateway)
+                                }
+                                _ => api::handle(&gateway, &call).await,
+                            }
                         }
                     }
                     Some(_) => Answer::problem(401, "Unauthorized", "wrong bearer token"),
@@ -228,6 +236,9 @@ impl ServeHttp for Admin {
         let path = session.req_header().uri.path().to_owned();
         if path.starts_with("/v1/") {
             return self.v1(session, &path).await;
+        }
+        if let Some(page) = console::serve(&path) {
+            return page;
         }
         match path.as_str() {
             "/metrics" => {

@@ -1,6 +1,7 @@
 //! Shared test harness: the real `sluice` binary as a child process, free ports, HTTP.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod echo;
 pub mod http;
 pub mod jwt;
