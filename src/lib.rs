@@ -7,8 +7,10 @@
 //! - `auth`: who is asking, verified: API keys by digest, JWTs against each issuer's keys
 //!   (`jwks`: files and URLs), consumers of the config and the admin API.
 //! - `key`: the client IP and the rate key of a policy for a request.
-//! - `limiter`: deciding a route's policies together; `memory` and `redis` backends only
-//!   store; `overrides` (config) and `runtime` (admin API) give a key its numbers; `top`
+//! - `limiter`: deciding a route's policies together, and settling metered charges once
+//!   responses are known (`Limiter::settle`, `Backend::adjust`); `memory` and `redis`
+//!   backends only store; `overrides` (config) and `runtime` (admin API) give a key its
+//!   numbers; `top`
 //!   the heaviest keys; `pubsub` follows a Redis channel (Sentinel switches, the fleet's
 //!   runtime changes).
 //! - `proxy`: the Pingora proxy phases; `connection` bounds each client connection
