@@ -28,7 +28,7 @@ impl Upstream {
     fn start() -> Upstream {
         let dir = TempDir::new();
         let portfile = dir.0.join("port");
-        let mut child = Command::new(python_with_websockets())
+        let mut child = Command::new(common::python_with_websockets("the WebSocket upstream"))
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ws_upstream.py"))
             .arg(&portfile)
             .spawn()
@@ -55,22 +55,6 @@ impl Upstream {
             _dir: dir,
         }
     }
-}
-
-/// Debian's python3 (where python3-websockets installs), or else the one on PATH.
-fn python_with_websockets() -> &'static str {
-    ["/usr/bin/python3", "python3"]
-        .into_iter()
-        .find(|python| {
-            Command::new(python)
-                .args(["-c", "import websockets"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .expect(
-            "the WebSocket upstream needs Debian's python3-websockets \
-             (`make deps`, or: sudo apt-get install -y python3-websockets)",
-        )
 }
 
 impl Drop for Upstream {

@@ -33,28 +33,12 @@ fn chromium() -> String {
     path
 }
 
-/// Debian's python3 (where python3-websockets installs), or else the one on PATH.
-fn python() -> &'static str {
-    ["/usr/bin/python3", "python3"]
-        .into_iter()
-        .find(|python| {
-            Command::new(python)
-                .args(["-c", "import websockets"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .expect(
-            "the browser driver needs Debian's python3-websockets \
-             (`make deps`, or: sudo apt-get install -y python3-websockets)",
-        )
-}
-
 impl Browser {
     /// Chromium showing `url` in a `width`×`height` viewport.
     pub fn open(url: &str, width: u32, height: u32) -> Browser {
         let chromium = chromium();
         let dir = TempDir::new();
-        let mut child = Command::new(python())
+        let mut child = Command::new(super::python_with_websockets("the browser driver"))
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser.py"))
             .arg(chromium)
             .arg(&dir.0)

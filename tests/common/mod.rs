@@ -16,6 +16,25 @@ use std::time::{Duration, Instant};
 
 pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
+/// Debian's python3 (where python3-websockets installs), or else the one on PATH; a test
+/// helper written in Python (`needed_by`) fails with how to install it when neither has it.
+pub fn python_with_websockets(needed_by: &str) -> &'static str {
+    ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|python| {
+            std::process::Command::new(python)
+                .args(["-c", "import websockets"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{needed_by} needs Debian's python3-websockets \
+                 (`make deps`, or: sudo apt-get install -y python3-websockets)"
+            )
+        })
+}
+
 /// A port nobody listens on right now, and never handed out before in this test binary:
 /// its tests run in parallel, and the OS may offer a port again once its probe is closed,
 /// before the test that got it first has bound it.
