@@ -82,11 +82,7 @@ impl MemoryBackend {
                 outcomes.push((banned(rest), State::Leases(Vec::new())));
                 continue;
             }
-            let state = shard
-                .map
-                .get(&check.key)
-                .filter(|e| e.expires > now)
-                .map(|e| &e.state);
+            let state = shard.live(&check.key, now);
             let outcome = match check.rule.algorithm {
                 Algorithm::Concurrency => {
                     algorithm::acquire(&check.rule, state, now, check.lease, check.cost)
@@ -148,11 +144,7 @@ impl MemoryBackend {
                 if let Some(rest) = shard.banned(check, now) {
                     return banned(rest);
                 }
-                let state = shard
-                    .map
-                    .get(&check.key)
-                    .filter(|e| e.expires > now)
-                    .map(|e| &e.state);
+                let state = shard.live(&check.key, now);
                 match check.rule.algorithm {
                     Algorithm::Concurrency => {
                         algorithm::acquire(&check.rule, state, now, check.lease, check.cost).0
@@ -169,11 +161,7 @@ impl MemoryBackend {
         for adjustment in adjustments {
             let check = &adjustment.check;
             let mut shard = self.shards[Self::shard_of(&check.key)].lock();
-            let state = shard
-                .map
-                .get(&check.key)
-                .filter(|e| e.expires > now)
-                .map(|e| &e.state);
+            let state = shard.live(&check.key, now);
             let amount = adjustment.amount.unsigned_abs();
             let adjusted = match (adjustment.amount > 0, state) {
                 (true, state) => algorithm::charge(&check.rule, state, now, amount),
@@ -231,6 +219,14 @@ fn banned(rest: u64) -> Verdict {
 }
 
 impl Shard {
+    /// `key`'s state, unless it has expired by `now` (then it means no state at all).
+    fn live(&self, key: &str, now: u64) -> Option<&State> {
+        self.map
+            .get(key)
+            .filter(|e| e.expires > now)
+            .map(|e| &e.state)
+    }
+
     /// The rest of `check`'s ban, if its key is banned at `now`.
     fn banned(&self, check: &Check, now: u64) -> Option<u64> {
         if !check.enforce || check.ban_ms == 0 {
