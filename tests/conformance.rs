@@ -129,8 +129,10 @@ impl Rng {
     }
 }
 
-/// How many mismatches a test may put down to a slow call before it fails.
+/// How many mismatches a test may put down to a slow call before it fails: a few, or one in
+/// twenty of its calls on a loaded machine, so most of every sequence is still compared.
 const SLOW_CALL_ALLOWANCE: u32 = 5;
+const SLOW_CALL_SHARE: u32 = 20;
 
 /// How far ahead of the wall clock a group of concurrent requests is timed: a batch call
 /// that takes no longer than this finds no key that Redis expired before the test's time
@@ -139,16 +141,27 @@ const BATCH_MARGIN_MS: u64 = 10;
 
 /// The memory backend and a Redis backend fed the same calls.
 ///
-/// One mismatch is not the backends' fault: Redis expires a key by the real clock, and a
-/// call that spends a millisecond or more between reading the test clock and running its
-/// script can find a key with a 1 ms TTL gone that the test clock still counts. When a
-/// call was that slow, a mismatch is reported and the twin moves both backends to fresh
-/// keys (a new generation) instead of failing; a few such events per test are allowed.
+/// One mismatch is not the backends' fault: Redis expires a key by the real clock, a TTL
+/// after the call that set it ran. The test clock keeps ahead of the wall clock, but a call
+/// runs a little after its time was read; when those delays use up the lead, a key can be
+/// gone from Redis that the test clock still counts. Such a call taints the keys: a
+/// mismatch then is reported and the twin moves both backends to fresh keys (a new
+/// generation) instead of failing, a few times per test. A loss can also go unseen for a
+/// while (a settlement on a key Redis lost, a bucket a fraction short that rounds alike),
+/// so random walks call `fresh_keys_if_tainted` between steps.
 struct Twin {
     memory: MemoryBackend,
     redis: RedisBackend,
     generation: std::cell::Cell<u32>,
     excused: std::cell::Cell<u32>,
+    calls: std::cell::Cell<u32>,
+    /// The greatest lead of the test clock over the wall clock (µs) at the start of any
+    /// Redis call on the current generation's keys.
+    greatest_lead_us: std::cell::Cell<i128>,
+    /// Whether a call on the current generation's keys ended with the lead used up.
+    tainted: std::cell::Cell<bool>,
+    origin: Instant,
+    origin_ms: u64,
 }
 
 impl Twin {
@@ -158,6 +171,60 @@ impl Twin {
             redis,
             generation: std::cell::Cell::new(0),
             excused: std::cell::Cell::new(0),
+            calls: std::cell::Cell::new(0),
+            greatest_lead_us: std::cell::Cell::new(i128::MIN),
+            tainted: std::cell::Cell::new(false),
+            origin: Instant::now(),
+            origin_ms: wall_ms(),
+        }
+    }
+
+    /// How far test time `now` is ahead of the wall clock, in µs.
+    fn lead_us(&self, now: u64) -> i128 {
+        let wall_us = self.origin_ms as i128 * 1000 + self.origin.elapsed().as_micros() as i128;
+        now as i128 * 1000 - wall_us
+    }
+
+    /// Notes a Redis call starting at test time `now`.
+    fn calling(&self, now: u64) {
+        self.calls.set(self.calls.get() + 1);
+        let lead = self.lead_us(now);
+        self.greatest_lead_us
+            .set(self.greatest_lead_us.get().max(lead));
+    }
+
+    /// Notes a Redis call at test time `now` ending: a key set by an earlier call can have
+    /// expired in Redis before `now` if the wall clock moved at least a millisecond more
+    /// since that call started than the test clock did (a key with a TTL of t ms set at
+    /// test time s lives until t ms after its call started by the wall clock), that is if
+    /// the lead fell a millisecond below what it was at the start of any call before.
+    fn called(&self, now: u64) {
+        if self.lead_us(now) <= self.greatest_lead_us.get().saturating_sub(1000) {
+            self.tainted.set(true);
+        }
+    }
+
+    /// Puts a mismatch down to a slow call (`why`, at `context`), within the allowance.
+    fn excuse(&self, why: &str, context: String) {
+        self.excused.set(self.excused.get() + 1);
+        assert!(
+            self.excused.get() <= SLOW_CALL_ALLOWANCE.max(self.calls.get() / SLOW_CALL_SHARE),
+            "too many mismatches after slow calls; the last {why} at {context}"
+        );
+        eprintln!("note: redis and memory differ {why} at {context}; continuing on fresh keys");
+        self.fresh_keys();
+    }
+
+    fn fresh_keys(&self) {
+        self.generation.set(self.generation.get() + 1);
+        self.greatest_lead_us.set(i128::MIN);
+        self.tainted.set(false);
+    }
+
+    /// Moves to fresh keys if Redis may have lost one the test clock still counts.
+    fn fresh_keys_if_tainted(&self) {
+        if self.tainted.get() {
+            self.fresh_keys();
         }
     }
 
@@ -186,31 +253,23 @@ impl Twin {
                 ..c.clone()
             })
             .collect();
-        let started = Instant::now();
+        self.calling(now);
         let got = self
             .redis
             .decide(&checks, now)
             .await
             .unwrap_or_else(|e| panic!("redis backend failed ({e}) at {}", context()));
-        let took = started.elapsed();
+        self.called(now);
         let want = self
             .memory
             .decide(&checks, now)
             .await
             .expect("memory backend");
-        if got != want && took >= Duration::from_millis(1) {
-            self.excused.set(self.excused.get() + 1);
-            assert!(
-                self.excused.get() <= SLOW_CALL_ALLOWANCE,
-                "too many mismatches after slow calls; the last at {}: redis {got:?}, memory {want:?}",
-                context()
+        if got != want && self.tainted.get() {
+            self.excuse(
+                "after the wall clock outran the test clock (a key's last millisecond)",
+                format!("{}: redis {got:?}, memory {want:?}", context()),
             );
-            eprintln!(
-                "note: redis and memory differ after a {took:?} call at {} (a key's last millisecond); \
-                 continuing on fresh keys",
-                context()
-            );
-            self.generation.set(self.generation.get() + 1);
             return want;
         }
         assert_eq!(
@@ -245,6 +304,9 @@ impl Twin {
             })
             .collect();
         let started = Instant::now();
+        if let Some(first) = requests.iter().map(|(_, now)| *now).min() {
+            self.calling(first);
+        }
         let mut calls: Vec<_> = requests
             .iter()
             .map(|(checks, now)| self.redis.decide(checks, *now))
@@ -288,17 +350,7 @@ impl Twin {
             );
         }
         if got != want && took >= Duration::from_millis(BATCH_MARGIN_MS) {
-            self.excused.set(self.excused.get() + 1);
-            assert!(
-                self.excused.get() <= SLOW_CALL_ALLOWANCE,
-                "too many mismatches after slow calls; the last at {}",
-                context()
-            );
-            eprintln!(
-                "note: redis and memory differ after a {took:?} batch at {}; continuing on fresh keys",
-                context()
-            );
-            self.generation.set(self.generation.get() + 1);
+            self.excuse(&format!("after a {took:?} batch"), context());
             return want;
         }
         for (n, ((checks, now), (got, want))) in
@@ -327,10 +379,12 @@ impl Twin {
                 ..a.clone()
             })
             .collect();
+        self.calling(now);
         self.redis
             .adjust(&adjustments, now)
             .await
             .expect("redis adjust");
+        self.called(now);
         self.memory
             .adjust(&adjustments, now)
             .await
@@ -345,11 +399,13 @@ impl Twin {
             .renew(&key, lease, lease_ms, now)
             .await
             .expect("memory renew");
+        self.calling(now);
         let redis = self
             .redis
             .renew(&key, lease, lease_ms, now)
             .await
             .expect("redis renew");
+        self.called(now);
         assert_eq!(
             redis, memory,
             "redis (left) and memory (right) renew {key} {lease}"
@@ -464,6 +520,7 @@ async fn single_checks_match_on_random_sequences() {
             let mut clock = TestClock::new();
             let mut held: Vec<u64> = Vec::new();
             for step in 0..400u64 {
+                twin.fresh_keys_if_tainted();
                 let now = clock.to(step_time(&mut rng, clock.sim, r.period_ms));
                 let cost = |rng: &mut Rng| step_cost(rng, r.limit);
                 walk_step(&twin, &k, r, &mut rng, now, step, &mut held, cost).await;
@@ -494,6 +551,7 @@ async fn settled_charges_match_on_random_sequences() {
             let k = key(&format!("settle{n}"), "p", &r);
             let mut clock = TestClock::new();
             for step in 0..300u64 {
+                twin.fresh_keys_if_tainted();
                 let charged_at = clock.to(step_time(&mut rng, clock.sim, r.period_ms));
                 let held = 1 + rng.below(3);
                 let c = check(&k, r, held, true, 0);
@@ -1417,6 +1475,7 @@ async fn changing_numbers_on_one_key_match() {
         let mut clock = TestClock::new();
         let mut held: Vec<u64> = Vec::new();
         for step in 0..400u64 {
+            twin.fresh_keys_if_tainted();
             let r = tiers[rng.below(tiers.len() as u64) as usize];
             let now = clock.to(step_time(&mut rng, clock.sim, 1_000).min(clock.sim + 3_000));
             let cost = |rng: &mut Rng| step_cost(rng, 3).min(4);
@@ -1474,6 +1533,7 @@ async fn bans_match() {
         let mut clock = TestClock::new();
         let mut banned = 0;
         for step in 0..250u64 {
+            twin.fresh_keys_if_tainted();
             let now = clock.to(step_time(&mut rng, clock.sim, 500).min(clock.sim + 3_000));
             let cost = step_cost(&mut rng, 3);
             let c = banning(check(&k, r, cost, true, step + 1), 1_200);
