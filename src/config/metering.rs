@@ -180,15 +180,7 @@ fn cost_source(p: &Problems, node: &Spanned<Node>) -> Option<Metering> {
     );
     let source = match (header, usage) {
         (Some(name), None) => Some(Metering::Header(name)),
-        (None, Some(_)) => {
-            // Reading usage from bodies and streams is not built yet (issue #22): refused
-            // rather than charged wrongly.
-            p.at(
-                &t.key_span("usage"),
-                "`cost = { usage = … }` is not supported by this build yet; use `cost = { header = … }` or `count`",
-            );
-            None
-        }
+        (None, Some(format)) => Some(Metering::Usage(format)),
         (Some(_), Some(_)) => {
             p.at(&node.span, "`cost` takes one of `header` and `usage`");
             None

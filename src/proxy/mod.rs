@@ -3,6 +3,7 @@
 pub mod connection;
 pub mod response;
 pub mod upstream;
+pub mod usage;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use crate::key::{self, RequestFacts};
 use crate::limiter::{Charge, Lease, PolicyOutcome, Settled};
 use crate::routing::{self, UNMATCHED};
 use connection::ClientConn;
+use usage::UsageMeter;
 
 /// Concurrent requests multiplexed on one HTTP/2 connection to an upstream before another
 /// is opened (Pingora's default is 1, which would make h2 upstreams one connection per stream).
@@ -49,6 +51,10 @@ pub struct Ctx {
     leases: Vec<Lease>,
     /// Charges of metered policies the response settles (DESIGN §12).
     charges: Vec<Charge>,
+    /// `cost = { usage = … }`: the upstream's body read as it passes, and whether it
+    /// ended whole (a cut stream has no usable cost).
+    usage: Option<Box<UsageMeter>>,
+    body_ended: bool,
     upstream_started: Option<Instant>,
     /// Servers tried for this request, in order; the last one is answering it.
     upstream_tried: Vec<std::net::SocketAddr>,
@@ -203,6 +209,8 @@ impl ProxyHttp for Proxy {
             rate_headers: Vec::new(),
             leases: Vec::new(),
             charges: Vec::new(),
+            usage: None,
+            body_ended: false,
             upstream_started: None,
             upstream_tried: Vec::new(),
             body_limit: 0,
@@ -587,7 +595,8 @@ impl ProxyHttp for Proxy {
             session.set_read_timeout(None);
         }
         if !ctx.charges.is_empty() {
-            settle(ctx, Some(resp.status.as_u16()), Some(&resp.headers)).await;
+            ctx.usage = usage_meter(ctx, resp);
+            settle(ctx, Some(resp.status.as_u16()), Some(&resp.headers), false).await;
         }
         if let Some(gateway) = &ctx.gateway {
             let extra = Extra::of(ctx, gateway);
@@ -601,6 +610,22 @@ impl ProxyHttp for Proxy {
             resp.insert_header(*name, value.as_str())?;
         }
         Ok(())
+    }
+
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<Option<Duration>> {
+        if let Some(meter) = &mut ctx.usage {
+            if let Some(bytes) = body {
+                meter.feed(bytes);
+            }
+            ctx.body_ended |= end_of_stream;
+        }
+        Ok(None)
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
@@ -620,7 +645,7 @@ impl ProxyHttp for Proxy {
             // Not settled by an upstream's response: sluice's own answer, a failed
             // upstream, or a client that went away (status 499, or none written).
             let sent = Some(status).filter(|s| *s != 0 && *s != 499);
-            settle(ctx, sent, None).await;
+            settle(ctx, sent, None, true).await;
         }
         let route = ctx.route_name();
         let label = ctx.route_label();
@@ -787,30 +812,68 @@ fn target_as_received(req: &RequestHeader) -> String {
 }
 
 /// Settles the request's metered charges (DESIGN §12) by the response's status (None:
-/// the client went away before one was sent) and, from an upstream, its header.
-async fn settle(ctx: &mut Ctx, status: Option<u16>, upstream: Option<&http::HeaderMap>) {
+/// the client went away before one was sent), from an upstream its header, and once the
+/// response has `ended`, its body's usage; until then charges by usage stay pending.
+async fn settle(
+    ctx: &mut Ctx,
+    status: Option<u16>,
+    upstream: Option<&http::HeaderMap>,
+    ended: bool,
+) {
     let (Some(gateway), Some(route)) = (ctx.gateway.clone(), ctx.route) else {
         return;
     };
     let policies = &gateway.config.policies;
     let success = status.is_some_and(|s| (200..300).contains(&s));
-    let settled = std::mem::take(&mut ctx.charges)
-        .into_iter()
-        .map(|charge| {
-            let how = match (&policies[charge.policy].metering, status) {
-                (Some(m @ Metering::Status(_)), Some(s)) if !m.counts(s) => Settled::Refunded,
-                (Some(Metering::Status(_)), _) => Settled::Kept,
-                (Some(Metering::Header(name)), _) => upstream
-                    .and_then(|h| h.get(name))
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map_or(Settled::Missing { kept: success }, Settled::Cost),
-                _ => Settled::Missing { kept: success },
-            };
-            (charge, how)
-        })
-        .collect();
-    gateway.limiter.settle(route, policies, settled).await;
+    let usage = ctx.usage.as_deref().filter(|_| ctx.body_ended);
+    let mut pending = Vec::new();
+    let mut settled = Vec::with_capacity(ctx.charges.len());
+    for charge in std::mem::take(&mut ctx.charges) {
+        let how = match (&policies[charge.policy].metering, status) {
+            (Some(Metering::Usage(_)), _) if !ended => {
+                pending.push(charge);
+                continue;
+            }
+            (Some(Metering::Usage(format)), _) => usage
+                .and_then(|meter| meter.cost(*format))
+                .map_or(Settled::Missing { kept: success }, Settled::Cost),
+            (Some(m @ Metering::Status(_)), Some(s)) if !m.counts(s) => Settled::Refunded,
+            (Some(Metering::Status(_)), _) => Settled::Kept,
+            (Some(Metering::Header(name)), _) => upstream
+                .and_then(|h| h.get(name))
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(Settled::Missing { kept: success }, Settled::Cost),
+            _ => Settled::Missing { kept: success },
+        };
+        settled.push((charge, how));
+    }
+    ctx.charges = pending;
+    if !settled.is_empty() {
+        gateway.limiter.settle(route, policies, settled).await;
+    }
+}
+
+/// A meter for the upstream's body when a charge waits for its usage, and the body can be
+/// read: not compressed (a gzip stream's usage is unreadable, so it is charged as missing).
+fn usage_meter(ctx: &Ctx, resp: &ResponseHeader) -> Option<Box<UsageMeter>> {
+    let gateway = ctx.gateway.as_ref()?;
+    let policies = &gateway.config.policies;
+    let waits = ctx
+        .charges
+        .iter()
+        .any(|c| matches!(policies[c.policy].metering, Some(Metering::Usage(_))));
+    let encoded = resp
+        .headers
+        .get(http::header::CONTENT_ENCODING)
+        .is_some_and(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"));
+    (waits && !encoded).then(|| {
+        Box::new(UsageMeter::new(
+            resp.headers
+                .get(http::header::CONTENT_TYPE)
+                .map(|t| t.as_bytes()),
+        ))
+    })
 }
 
 /// `[server] request_id` (DESIGN §14): a trusted proxy's id is kept; anyone else's is

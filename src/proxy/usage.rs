@@ -1,0 +1,593 @@
+//! Reading the tokens an LLM response reports (DESIGN §12 `cost = { usage = … }`), as the
+//! body passes: whole JSON bodies and Server-Sent-Events streams, fed chunk by chunk.
+//!
+//! Nothing is buffered: a push scanner walks the JSON byte by byte and keeps only the
+//! object keys on the current path (each at most `MAX_KEY` bytes, at most `MAX_DEPTH`
+//! deep) and the digits of the number being read, so a stream of any length is read in a
+//! few hundred bytes. The crates considered (actson, struson) keep every string token
+//! whole, a completion's text included. SSE framing is handled here too: each event's
+//! `data:` lines are one JSON text (OpenAI's `[DONE]` is simply not JSON); the scanner
+//! restarts at every event.
+
+use crate::config::UsageFormat;
+
+/// Object keys longer than this match no usage path (they are skipped, not kept).
+const MAX_KEY: usize = 32;
+/// Nesting deeper than this is scanned but matches no usage path.
+const MAX_DEPTH: usize = 16;
+/// SSE field names longer than this are not `data`.
+const MAX_FIELD: usize = 8;
+
+/// The numbers a format's cost is made of, by their place in the JSON (object keys from
+/// the root; arrays are transparent, so Gemini's JSON array of chunks reads like its SSE).
+/// Each value read at a path replaces the one before it (the last one seen wins).
+const PATHS: &[(&[&str], Slot)] = &[
+    // OpenAI chat completions (whole or the last chunk of a stream); the Responses API
+    // as a whole body or in its `response.completed` event.
+    (&["usage", "total_tokens"], Slot::OpenAiTotal),
+    (&["response", "usage", "total_tokens"], Slot::OpenAiTotal),
+    // Anthropic: a whole message's usage, `message_start`'s message.usage, then
+    // `message_delta`'s cumulative usage.
+    (&["usage", "input_tokens"], Slot::AnthropicInput),
+    (&["message", "usage", "input_tokens"], Slot::AnthropicInput),
+    (&["usage", "output_tokens"], Slot::AnthropicOutput),
+    (
+        &["message", "usage", "output_tokens"],
+        Slot::AnthropicOutput,
+    ),
+    // Gemini, whole or streamed.
+    (&["usageMetadata", "totalTokenCount"], Slot::GeminiTotal),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    OpenAiTotal,
+    AnthropicInput,
+    AnthropicOutput,
+    GeminiTotal,
+}
+
+/// What a response's body said, fed to it as it passes.
+#[derive(Debug)]
+pub struct UsageMeter {
+    sse: Option<Sse>,
+    json: Scanner,
+    found: [Option<u64>; 4],
+}
+
+impl UsageMeter {
+    /// A meter for a body of `content_type` (`text/event-stream` is read as SSE, anything
+    /// else as one JSON text).
+    pub fn new(content_type: Option<&[u8]>) -> UsageMeter {
+        let sse = content_type
+            .is_some_and(|t| t.len() >= 17 && t[..17].eq_ignore_ascii_case(b"text/event-stream"));
+        UsageMeter {
+            sse: sse.then(Sse::default),
+            json: Scanner::default(),
+            found: [None; 4],
+        }
+    }
+
+    pub fn feed(&mut self, bytes: &[u8]) {
+        match &mut self.sse {
+            None => self.json.feed(bytes, &mut self.found),
+            Some(sse) => sse.feed(bytes, &mut self.json, &mut self.found),
+        }
+    }
+
+    /// The cost in `format`, if the body reported it.
+    pub fn cost(&self, format: UsageFormat) -> Option<u64> {
+        let get = |slot: Slot| self.found[slot as usize];
+        match format {
+            UsageFormat::OpenAi => get(Slot::OpenAiTotal),
+            UsageFormat::Gemini => get(Slot::GeminiTotal),
+            UsageFormat::Anthropic => {
+                match (get(Slot::AnthropicInput), get(Slot::AnthropicOutput)) {
+                    (None, None) => None,
+                    (input, output) => Some(input.unwrap_or(0) + output.unwrap_or(0)),
+                }
+            }
+        }
+    }
+}
+
+/// SSE framing (the WHATWG event stream): lines end at LF, CR or CRLF; a blank line ends
+/// an event; `data` lines carry the event's JSON, joined by newlines.
+#[derive(Debug, Default)]
+struct Sse {
+    /// The field name read so far on this line, while in it.
+    field: [u8; MAX_FIELD],
+    field_len: usize,
+    state: Line,
+    /// The line so far is empty (so an end of line here ends the event).
+    blank: bool,
+    /// The last byte was CR (an LF right after it ends nothing more).
+    after_cr: bool,
+    /// The event has had data (the scanner holds its JSON).
+    has_data: bool,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Line {
+    /// Reading the field name.
+    #[default]
+    Field,
+    /// After `data:`, before the optional space.
+    DataStart,
+    /// In a `data` value: bytes go to the JSON scanner.
+    Data,
+    /// In a line that is not data (or a comment): skipped.
+    Skip,
+}
+
+impl Sse {
+    fn feed(&mut self, bytes: &[u8], json: &mut Scanner, found: &mut [Option<u64>; 4]) {
+        let mut data_from = None;
+        for (i, &b) in bytes.iter().enumerate() {
+            if b == b'\n' && self.after_cr {
+                self.after_cr = false;
+                continue;
+            }
+            self.after_cr = b == b'\r';
+            if b == b'\n' || b == b'\r' {
+                if let Some(from) = data_from.take() {
+                    json.feed(&bytes[from..i], found);
+                }
+                self.end_line(json, found);
+                continue;
+            }
+            self.blank = false;
+            match self.state {
+                Line::Field => {
+                    if b == b':' {
+                        self.state = if &self.field[..self.field_len] == b"data" {
+                            Line::DataStart
+                        } else {
+                            Line::Skip
+                        };
+                    } else if self.field_len < MAX_FIELD {
+                        self.field[self.field_len] = b;
+                        self.field_len += 1;
+                    } else {
+                        self.state = Line::Skip;
+                    }
+                }
+                Line::DataStart => {
+                    self.state = Line::Data;
+                    if self.has_data {
+                        // Lines of one event's data are joined by a newline.
+                        json.feed(b"\n", found);
+                    }
+                    self.has_data = true;
+                    if b != b' ' {
+                        data_from = Some(i);
+                    }
+                }
+                Line::Data => {
+                    if data_from.is_none() {
+                        data_from = Some(i);
+                    }
+                }
+                Line::Skip => {}
+            }
+        }
+        if let Some(from) = data_from {
+            json.feed(&bytes[from..], found);
+        }
+    }
+
+    fn end_line(&mut self, json: &mut Scanner, found: &mut [Option<u64>; 4]) {
+        if self.state == Line::DataStart {
+            // `data:` with nothing after it: an empty data line.
+            if self.has_data {
+                json.feed(b"\n", found);
+            }
+            self.has_data = true;
+        }
+        if self.blank {
+            // The event ends: its JSON ends with it (a number at the very end is read).
+            json.feed(b" ", found);
+            *json = Scanner::default();
+            self.has_data = false;
+        }
+        self.state = Line::Field;
+        self.field_len = 0;
+        self.blank = true;
+    }
+}
+
+/// A push scanner over one JSON text that records the integers at `PATHS`. Malformed
+/// input stops it (nothing more is recorded) rather than guessing.
+#[derive(Debug)]
+struct Scanner {
+    /// Per open container: whether it is an object, and that object's current key.
+    frames: Vec<Frame>,
+    /// Containers open beyond `MAX_DEPTH` (not kept in `frames`).
+    overflow: usize,
+    state: State,
+    /// In an object, the next string is a key.
+    expect_key: bool,
+    key: Key,
+    number: [u8; 20],
+    number_len: usize,
+    /// The number has a fraction, an exponent or too many digits: not a token count.
+    number_odd: bool,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Key {
+    bytes: [u8; MAX_KEY],
+    /// usize::MAX: too long to match anything.
+    len: usize,
+}
+
+impl Key {
+    fn as_bytes(&self) -> &[u8] {
+        if self.len > MAX_KEY {
+            b"\0"
+        } else {
+            &self.bytes[..self.len]
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    object: bool,
+    key: Key,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Between tokens.
+    Between,
+    /// In a string; `key` says whether it is an object key (kept) or a value (skipped).
+    Str {
+        key: bool,
+        escaped: bool,
+    },
+    Number,
+    /// In `true`, `false` or `null`.
+    Literal,
+    /// Malformed input, or the text ended: nothing more is read.
+    Stopped,
+}
+
+impl Default for Scanner {
+    fn default() -> Scanner {
+        Scanner {
+            frames: Vec::new(),
+            overflow: 0,
+            state: State::Between,
+            expect_key: false,
+            key: Key::default(),
+            number: [0; 20],
+            number_len: 0,
+            number_odd: false,
+        }
+    }
+}
+
+impl Scanner {
+    fn feed(&mut self, bytes: &[u8], found: &mut [Option<u64>; 4]) {
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            match self.state {
+                State::Stopped => return,
+                State::Str { key, escaped } => {
+                    if escaped {
+                        self.state = State::Str {
+                            key,
+                            escaped: false,
+                        };
+                        if key {
+                            // An escape in a key: no usage key has one.
+                            self.key.len = usize::MAX;
+                        }
+                    } else if b == b'\\' {
+                        self.state = State::Str { key, escaped: true };
+                    } else if b == b'"' {
+                        self.state = State::Between;
+                        if key {
+                            if let Some(frame) =
+                                self.frames.last_mut().filter(|_| self.overflow == 0)
+                            {
+                                frame.key = self.key;
+                            }
+                        }
+                    } else if key && self.key.len < MAX_KEY {
+                        self.key.bytes[self.key.len] = b;
+                        self.key.len += 1;
+                    } else if key {
+                        self.key.len = usize::MAX;
+                    } else if let Some(at) = memchr2(b'"', b'\\', &bytes[i..]) {
+                        // Skip a value's text in one step.
+                        i += at;
+                        continue;
+                    } else {
+                        return;
+                    }
+                }
+                State::Number => {
+                    if b.is_ascii_digit() {
+                        if self.number_len < self.number.len() {
+                            self.number[self.number_len] = b;
+                            self.number_len += 1;
+                        } else {
+                            self.number_odd = true;
+                        }
+                    } else if matches!(b, b'.' | b'e' | b'E' | b'+' | b'-') {
+                        self.number_odd = true;
+                    } else {
+                        self.end_number(found);
+                        self.state = State::Between;
+                        continue;
+                    }
+                }
+                State::Literal => {
+                    if !b.is_ascii_lowercase() {
+                        self.state = State::Between;
+                        continue;
+                    }
+                }
+                State::Between => self.token(b),
+            }
+            i += 1;
+        }
+    }
+
+    fn token(&mut self, b: u8) {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\r' => {}
+            b'{' | b'[' => {
+                if self.frames.len() < MAX_DEPTH && self.overflow == 0 {
+                    self.frames.push(Frame {
+                        object: b == b'{',
+                        key: Key::default(),
+                    });
+                } else {
+                    self.overflow += 1;
+                }
+                self.expect_key = b == b'{';
+            }
+            b'}' | b']' => {
+                if self.overflow > 0 {
+                    self.overflow -= 1;
+                } else if self.frames.pop().is_none() {
+                    self.state = State::Stopped;
+                    return;
+                }
+                self.expect_key = false;
+                if self.frames.is_empty() && self.overflow == 0 {
+                    // The text is complete: whatever follows is not part of it.
+                    self.state = State::Stopped;
+                }
+            }
+            b':' => self.expect_key = false,
+            b',' => self.expect_key = self.in_object(),
+            b'"' => {
+                let key = self.expect_key && self.in_object();
+                if key {
+                    self.key = Key::default();
+                }
+                self.state = State::Str {
+                    key,
+                    escaped: false,
+                };
+            }
+            b'-' | b'0'..=b'9' => {
+                self.state = State::Number;
+                self.number_len = 0;
+                self.number_odd = b == b'-';
+                if b != b'-' {
+                    self.number[0] = b;
+                    self.number_len = 1;
+                }
+            }
+            b't' | b'f' | b'n' => self.state = State::Literal,
+            _ => self.state = State::Stopped,
+        }
+    }
+
+    fn in_object(&self) -> bool {
+        self.overflow == 0 && self.frames.last().is_some_and(|f| f.object)
+    }
+
+    fn end_number(&mut self, found: &mut [Option<u64>; 4]) {
+        if self.number_odd || self.number_len == 0 || self.overflow > 0 {
+            return;
+        }
+        let Some(value) = std::str::from_utf8(&self.number[..self.number_len])
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            return;
+        };
+        let keys = || self.frames.iter().filter(|f| f.object).map(|f| f.key);
+        let depth = keys().count();
+        for (path, slot) in PATHS {
+            if path.len() == depth
+                && keys()
+                    .zip(path.iter())
+                    .all(|(k, p)| k.as_bytes() == p.as_bytes())
+            {
+                found[*slot as usize] = Some(value);
+            }
+        }
+    }
+}
+
+/// The first of `a` or `b` in `haystack`.
+fn memchr2(a: u8, b: u8, haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&c| c == a || c == b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(content_type: &str, chunks: &[&str]) -> UsageMeter {
+        let mut meter = UsageMeter::new(Some(content_type.as_bytes()));
+        for chunk in chunks {
+            meter.feed(chunk.as_bytes());
+        }
+        meter
+    }
+
+    /// The same text fed whole and one byte at a time.
+    fn both_ways(content_type: &str, text: &str, format: UsageFormat) -> Option<u64> {
+        let whole = read(content_type, &[text]).cost(format);
+        let mut meter = UsageMeter::new(Some(content_type.as_bytes()));
+        for b in text.as_bytes() {
+            meter.feed(std::slice::from_ref(b));
+        }
+        assert_eq!(whole, meter.cost(format), "byte by byte differs: {text}");
+        whole
+    }
+
+    #[test]
+    fn openai_chat_completion_whole() {
+        let body = r#"{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"the \"usage\": {\"total_tokens\": 999} is text"}}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}"#;
+        assert_eq!(
+            both_ways("application/json", body, UsageFormat::OpenAi),
+            Some(21)
+        );
+    }
+
+    #[test]
+    fn openai_stream_takes_the_final_usage_and_ignores_done() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n\
+                      data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7,\"total_tokens\":12}}\r\n\r\n\
+                      data: [DONE]\n\n";
+        assert_eq!(
+            both_ways("text/event-stream", stream, UsageFormat::OpenAi),
+            Some(12)
+        );
+    }
+
+    #[test]
+    fn openai_responses_api_completed_event() {
+        let stream = "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\n\
+                      event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":3,\"output_tokens\":4,\"total_tokens\":7}}}\n\n";
+        assert_eq!(
+            both_ways(
+                "text/event-stream; charset=utf-8",
+                stream,
+                UsageFormat::OpenAi
+            ),
+            Some(7)
+        );
+    }
+
+    #[test]
+    fn anthropic_stream_reads_output_as_cumulative() {
+        let stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n\
+                      event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"Hello\"}}\n\n\
+                      event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":10}}\n\n\
+                      event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n\
+                      event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        assert_eq!(
+            both_ways("text/event-stream", stream, UsageFormat::Anthropic),
+            Some(40)
+        );
+    }
+
+    #[test]
+    fn anthropic_whole_message() {
+        let body = r#"{"id":"m","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":10,"output_tokens":32}}"#;
+        assert_eq!(
+            both_ways("application/json", body, UsageFormat::Anthropic),
+            Some(42)
+        );
+    }
+
+    #[test]
+    fn gemini_whole_streamed_and_as_an_array() {
+        let body = r#"{"candidates":[{"content":{"parts":[{"text":"x"}]}}],"usageMetadata":{"promptTokenCount":4,"candidatesTokenCount":6,"totalTokenCount":10}}"#;
+        assert_eq!(
+            both_ways("application/json", body, UsageFormat::Gemini),
+            Some(10)
+        );
+        let stream = "data: {\"usageMetadata\":{\"totalTokenCount\":5}}\r\n\r\ndata: {\"usageMetadata\":{\"totalTokenCount\":11}}\r\n\r\n";
+        assert_eq!(
+            both_ways("text/event-stream", stream, UsageFormat::Gemini),
+            Some(11)
+        );
+        let array =
+            r#"[{"usageMetadata":{"totalTokenCount":3}},{"usageMetadata":{"totalTokenCount":8}}]"#;
+        assert_eq!(
+            both_ways("application/json", array, UsageFormat::Gemini),
+            Some(8)
+        );
+    }
+
+    #[test]
+    fn data_split_over_lines_is_one_json_text() {
+        let stream = "data: {\"usage\":\ndata: {\"total_tokens\":\ndata: 33}}\n\n";
+        assert_eq!(
+            both_ways("text/event-stream", stream, UsageFormat::OpenAi),
+            Some(33)
+        );
+    }
+
+    #[test]
+    fn nothing_usable_is_none() {
+        for (content_type, body) in [
+            ("application/json", r#"{"usage":{"total_tokens":"12"}}"#),
+            ("application/json", r#"{"usage":{"total_tokens":1.5}}"#),
+            ("application/json", r#"{"usage":{"total_tokens":-3}}"#),
+            (
+                "application/json",
+                r#"{"choices":[{"usage":{"total_tokens":4}}]}"#,
+            ),
+            ("application/json", r#"{"usage":{"total_tokens":"#),
+            (
+                "application/json",
+                "not json at all {\"usage\":{\"total_tokens\":5}}",
+            ),
+            (
+                "text/event-stream",
+                "data: {\"choices\":[]}\n\ndata: [DONE]\n\n",
+            ),
+            (
+                "text/event-stream",
+                ": comment {\"usage\":{\"total_tokens\":5}}\n\n",
+            ),
+        ] {
+            assert_eq!(
+                both_ways(content_type, body, UsageFormat::OpenAi),
+                None,
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_number_at_the_end_of_an_event_counts_and_later_text_is_ignored() {
+        // The JSON text ends with the number: the blank line ends it.
+        let stream = "data: {\"usageMetadata\":{\"totalTokenCount\":7}}\n\n";
+        assert_eq!(
+            both_ways("text/event-stream", stream, UsageFormat::Gemini),
+            Some(7)
+        );
+        let body = r#"{"usage":{"total_tokens":4}} {"usage":{"total_tokens":99}}"#;
+        assert_eq!(
+            both_ways("application/json", body, UsageFormat::OpenAi),
+            Some(4)
+        );
+    }
+
+    #[test]
+    fn deep_and_long_keys_are_skipped_without_losing_the_path() {
+        let deep = "[".repeat(100) + &"]".repeat(100);
+        let long_key = "k".repeat(500);
+        let body = format!(
+            r#"{{"a":{deep},"{long_key}":{{"total_tokens":5}},"usage":{{"x":"y\"z","total_tokens":17}}}}"#
+        );
+        assert_eq!(
+            both_ways("application/json", &body, UsageFormat::OpenAi),
+            Some(17)
+        );
+    }
+}

@@ -1,0 +1,457 @@
+//! LLM token budgets (DESIGN §12 `cost = { usage = … }`) through the real binary, against
+//! upstreams written for the test that answer as OpenAI, Anthropic and Gemini do: whole
+//! JSON bodies and Server-Sent-Events streams with events spaced in time, one that cuts
+//! its stream before the usage, one that fails with 5xx. The tokens a response reports
+//! are charged exactly; a stream reaches the client event by event; a fleet on Redis never
+//! grants more than the limit.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::http::{self, read_request, Listening, Request};
+use common::redis::{RedisCluster, RedisServer};
+use common::Sluice;
+
+/// An LLM-style upstream. The request says what to answer:
+/// - the path picks the format: `/openai/…`, `/anthropic/…`, `/gemini/…`;
+/// - `"stream": true` in the JSON body (or `alt=sse` for Gemini) asks for SSE;
+/// - `x-tokens: N`: the usage to report (input 1/4 of it, output the rest);
+/// - `x-gap-ms: M`: the pause between events (default 20);
+/// - `x-cut: 1`: the stream stops before its usage, the connection closed mid-body;
+/// - `x-fail: 1`: a 503 with an error body and no usage.
+struct Llm {
+    addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    _listening: Listening,
+}
+
+impl Llm {
+    fn start() -> Llm {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the upstream");
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        let listening = Listening::serve(listener, move |conn| serve(conn, &h));
+        Llm {
+            addr: listening.addr,
+            hits,
+            _listening: listening,
+        }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+fn serve(conn: TcpStream, hits: &AtomicUsize) {
+    let mut reader = BufReader::new(conn.try_clone().expect("clone stream"));
+    let mut conn = conn;
+    while let Some(req) = read_request(&mut reader) {
+        hits.fetch_add(1, Ordering::SeqCst);
+        if !answer(&mut conn, &req) {
+            return;
+        }
+    }
+}
+
+/// Answers one request; false when the connection must end.
+fn answer(conn: &mut TcpStream, req: &Request) -> bool {
+    let tokens: u64 = req.header("x-tokens").map_or(0, |t| t.parse().unwrap());
+    let gap = Duration::from_millis(req.header("x-gap-ms").map_or(20, |g| g.parse().unwrap()));
+    let body = String::from_utf8_lossy(&req.body);
+    let stream = body.contains("\"stream\":true") || req.target.contains("alt=sse");
+    if req.header("x-fail").is_some() {
+        let error = r#"{"error":{"message":"overloaded","type":"server_error"}}"#;
+        let resp = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{error}",
+            error.len()
+        );
+        return conn.write_all(resp.as_bytes()).is_ok();
+    }
+    let (input, output) = (tokens / 4, tokens - tokens / 4);
+    let format = req.target.split('/').nth(1).unwrap_or("");
+    if !stream {
+        let whole = match format {
+            "openai" => format!(
+                r#"{{"id":"c","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"Hello \"usage\" there"}}}}],"usage":{{"prompt_tokens":{input},"completion_tokens":{output},"total_tokens":{tokens}}}}}"#
+            ),
+            "anthropic" => format!(
+                r#"{{"id":"m","type":"message","content":[{{"type":"text","text":"Hello"}}],"usage":{{"input_tokens":{input},"output_tokens":{output}}}}}"#
+            ),
+            _ => format!(
+                r#"{{"candidates":[{{"content":{{"parts":[{{"text":"Hello"}}]}}}}],"usageMetadata":{{"promptTokenCount":{input},"candidatesTokenCount":{output},"totalTokenCount":{tokens}}}}}"#
+            ),
+        };
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{whole}",
+            whole.len()
+        );
+        return conn.write_all(resp.as_bytes()).is_ok();
+    }
+    let mut events: Vec<String> = Vec::new();
+    match format {
+        "openai" => {
+            for word in ["Hel", "lo", " wor", "ld"] {
+                events.push(format!(
+                    "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{word}\"}}}}],\"usage\":null}}\n\n"
+                ));
+            }
+            events.push(format!(
+                "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{input},\"completion_tokens\":{output},\"total_tokens\":{tokens}}}}}\n\n"
+            ));
+            events.push("data: [DONE]\n\n".into());
+        }
+        "anthropic" => {
+            events.push(format!(
+                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"m\",\"usage\":{{\"input_tokens\":{input},\"output_tokens\":1}}}}}}\n\n"
+            ));
+            for word in ["Hel", "lo"] {
+                events.push(format!(
+                    "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"delta\":{{\"type\":\"text_delta\",\"text\":\"{word}\"}}}}\n\n"
+                ));
+            }
+            // output_tokens is cumulative: the last one is the total.
+            for part in [output / 2, output] {
+                events.push(format!(
+                    "event: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"output_tokens\":{part}}}}}\n\n"
+                ));
+            }
+            events.push("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".into());
+        }
+        _ => {
+            // Gemini repeats usageMetadata; the last one counts.
+            for (word, total) in [("Hel", tokens / 2), ("lo", tokens)] {
+                events.push(format!(
+                    "data: {{\"candidates\":[{{\"content\":{{\"parts\":[{{\"text\":\"{word}\"}}]}}}}],\"usageMetadata\":{{\"totalTokenCount\":{total}}}}}\r\n\r\n"
+                ));
+            }
+        }
+    }
+    let cut = req.header("x-cut").is_some();
+    if cut {
+        // Only the first events: the usage never comes.
+        events.truncate(2);
+    }
+    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
+    if conn.write_all(head.as_bytes()).is_err() {
+        return false;
+    }
+    for event in &events {
+        std::thread::sleep(gap);
+        let chunk = format!("{:x}\r\n{event}\r\n", event.len());
+        if conn.write_all(chunk.as_bytes()).is_err() {
+            return false;
+        }
+    }
+    if cut {
+        // Closed without the last chunk: the body did not end.
+        let _ = conn.shutdown(std::net::Shutdown::Both);
+        return false;
+    }
+    conn.write_all(b"0\r\n\r\n").is_ok()
+}
+
+/// Token budgets per customer: 1000 tokens an hour, 100 held per request.
+fn config(upstream: SocketAddr, backend: &str) -> String {
+    let mut c = format!(
+        "[server]\nlisten = [\"{{listen}}\"]\n[admin]\nlisten = \"{{admin}}\"\n\
+         [limiter]\n{backend}\n\
+         [upstreams.llm]\nservers = [\"{upstream}\"]\n"
+    );
+    for format in ["openai", "anthropic", "gemini"] {
+        c.push_str(&format!(
+            "[policies.{format}_tokens]\nalgorithm = \"token_bucket\"\nlimit = 1000\nperiod = \"1h\"\n\
+             key = [\"header:x-customer\"]\ncost = {{ usage = \"{format}\" }}\nreserve = 100\n\
+             [[routes]]\nname = \"{format}\"\npath_prefix = \"/{format}\"\nupstream = \"llm\"\npolicies = [\"{format}_tokens\"]\n"
+        ));
+    }
+    c
+}
+
+/// POSTs a chat request for `customer` to `path`; `headers` steer the upstream.
+fn chat(
+    addr: SocketAddr,
+    path: &str,
+    customer: &str,
+    stream: bool,
+    headers: &[(&str, &str)],
+) -> http::Response {
+    let body = format!(
+        r#"{{"model":"m","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    let mut all = vec![
+        ("x-customer", customer),
+        ("content-type", "application/json"),
+    ];
+    all.extend_from_slice(headers);
+    http::request(addr, "POST", path, &all, &body)
+}
+
+fn path(format: &str, stream: bool) -> &'static str {
+    match (format, stream) {
+        ("openai", _) => "/openai/v1/chat/completions",
+        ("anthropic", _) => "/anthropic/v1/messages",
+        (_, false) => "/gemini/v1beta/models/m:generateContent",
+        (_, true) => "/gemini/v1beta/models/m:streamGenerateContent?alt=sse",
+    }
+}
+
+/// `r` of the RateLimit header: what the key has left after this request's reservation.
+fn remaining(r: &http::Response) -> u64 {
+    let header = r.header("ratelimit").expect("a RateLimit header");
+    let r = header.split(';').find_map(|p| p.strip_prefix("r="));
+    r.and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no remaining in {header}"))
+}
+
+fn units(s: &Sluice, format: &str, kind: &str) -> f64 {
+    s.metric(&format!(
+        "sluice_policy_units_total{{kind=\"{kind}\",policy=\"{format}_tokens\",route=\"{format}\"}}"
+    ))
+}
+
+#[test]
+fn tokens_each_format_reports_are_charged_exactly_whole_and_streamed() {
+    let llm = Llm::start();
+    let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
+    for format in ["openai", "anthropic", "gemini"] {
+        let mut spent = 0;
+        for (stream, tokens) in [(false, 120), (true, 200), (false, 8), (true, 300)] {
+            let r = chat(
+                s.addr,
+                path(format, stream),
+                "acme",
+                stream,
+                &[("x-tokens", &tokens.to_string())],
+            );
+            assert_eq!(r.status, 200, "{format} stream={stream}: {}", r.body);
+            if stream {
+                assert!(r.body.contains("data: "), "{format}: {}", r.body);
+            }
+            spent += tokens;
+        }
+        assert_eq!(units(&s, format, "charged"), spent as f64, "{format}");
+        assert_eq!(units(&s, format, "reserved"), 400.0, "{format}");
+        // 628 of 1000 spent: the next request holds 100 and sees the rest.
+        let r = chat(
+            s.addr,
+            path(format, false),
+            "acme",
+            false,
+            &[("x-tokens", "100")],
+        );
+        assert_eq!(
+            remaining(&r),
+            272,
+            "{format}: {:?}",
+            r.headers
+        );
+    }
+    assert_eq!(llm.hits(), 15);
+}
+
+#[test]
+fn a_debt_from_a_long_answer_delays_the_next_requests() {
+    let llm = Llm::start();
+    let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
+    // 100 held, 1500 spent: 500 past the budget.
+    let r = chat(
+        s.addr,
+        path("anthropic", true),
+        "acme",
+        true,
+        &[("x-tokens", "1500")],
+    );
+    assert_eq!(r.status, 200);
+    let r = chat(
+        s.addr,
+        path("anthropic", true),
+        "acme",
+        true,
+        &[("x-tokens", "10")],
+    );
+    assert_eq!(r.status, 429, "the debt must be paid first");
+    // 600 tokens to refill (the debt and the 100 to hold) at 1000 an hour: 36 minutes.
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((2_150..=2_160).contains(&retry), "retry-after {retry}");
+    assert_eq!(
+        chat(
+            s.addr,
+            path("anthropic", true),
+            "other",
+            true,
+            &[("x-tokens", "10")]
+        )
+        .status,
+        200
+    );
+}
+
+#[test]
+fn a_cut_stream_is_charged_its_reservation_and_a_5xx_refunded() {
+    let llm = Llm::start();
+    let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
+    let r = chat(
+        s.addr,
+        path("openai", true),
+        "acme",
+        true,
+        &[("x-tokens", "400"), ("x-cut", "1")],
+    );
+    assert_eq!(r.status, 200, "the stream started");
+    assert!(!r.body.contains("total_tokens"));
+    let r = chat(
+        s.addr,
+        path("openai", false),
+        "acme",
+        false,
+        &[("x-fail", "1")],
+    );
+    assert_eq!(r.status, 503);
+    assert!(s.wait_for(Duration::from_secs(5), || {
+        s.metric("sluice_response_cost_missing_total{policy=\"openai_tokens\",route=\"openai\"}")
+            == 2.0
+    }));
+    assert_eq!(
+        units(&s, "openai", "charged"),
+        100.0,
+        "the cut stream keeps its 100"
+    );
+    assert_eq!(
+        units(&s, "openai", "refunded"),
+        100.0,
+        "the 503 gives its 100 back"
+    );
+    let r = chat(
+        s.addr,
+        path("openai", false),
+        "acme",
+        false,
+        &[("x-tokens", "1")],
+    );
+    assert_eq!(remaining(&r), 800);
+}
+
+#[test]
+fn a_stream_reaches_the_client_event_by_event() {
+    let llm = Llm::start();
+    let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
+    let mut conn = TcpStream::connect(s.addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let body = r#"{"model":"m","stream":true,"messages":[]}"#;
+    let started = Instant::now();
+    write!(
+        conn,
+        "POST /openai/v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-customer: acme\r\nx-tokens: 50\r\n\
+         x-gap-ms: 300\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(conn);
+    let mut arrivals = Vec::new();
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 0 {
+        if line.starts_with("data: ") {
+            arrivals.push((started.elapsed(), line.clone()));
+        }
+        line.clear();
+    }
+    let mut rest = String::new();
+    let _ = reader.read_to_string(&mut rest);
+    assert_eq!(arrivals.len(), 6, "{arrivals:?}");
+    let (first, last) = (arrivals[0].0, arrivals[5].0);
+    assert!(
+        first < Duration::from_millis(1_000),
+        "first event at {first:?}"
+    );
+    assert!(
+        last - first >= Duration::from_millis(1_200),
+        "events arrived together: {arrivals:?}"
+    );
+    assert!(arrivals[4].1.contains("\"total_tokens\":50"));
+    assert!(
+        s.wait_for(Duration::from_secs(5), || units(&s, "openai", "charged")
+            == 50.0)
+    );
+}
+
+/// Three instances on one Redis: 30 requests at once, each holding 100 of the customer's
+/// 1000 and spending exactly that; ten pass, twenty are refused, whatever instance
+/// answered, and the fleet's charges add up to the limit.
+fn fleet_never_grants_more_than_the_limit(backend: &str) {
+    let llm = Llm::start();
+    let fleet: Vec<Sluice> = (0..3)
+        .map(|_| Sluice::start(&config(llm.addr, backend)))
+        .collect();
+    let addrs: Vec<SocketAddr> = fleet.iter().map(|s| s.addr).collect();
+    let answers: Vec<u16> = (0..30)
+        .map(|i| {
+            let addr = addrs[i % 3];
+            std::thread::spawn(move || {
+                chat(
+                    addr,
+                    path("openai", true),
+                    "acme",
+                    true,
+                    &[("x-tokens", "100"), ("x-gap-ms", "50")],
+                )
+                .status
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    assert_eq!(
+        answers.iter().filter(|&&a| a == 200).count(),
+        10,
+        "{answers:?}"
+    );
+    assert_eq!(
+        answers.iter().filter(|&&a| a == 429).count(),
+        20,
+        "{answers:?}"
+    );
+    assert_eq!(llm.hits(), 10);
+    let charged: f64 = fleet.iter().map(|s| units(s, "openai", "charged")).sum();
+    assert_eq!(charged, 1000.0);
+    for s in &fleet {
+        assert_eq!(
+            chat(
+                s.addr,
+                path("openai", false),
+                "acme",
+                false,
+                &[("x-tokens", "1")]
+            )
+            .status,
+            429
+        );
+    }
+}
+
+#[test]
+fn a_fleet_on_redis_never_grants_more_than_the_limit() {
+    let redis = RedisServer::start();
+    fleet_never_grants_more_than_the_limit(&format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"500ms\"",
+        redis.url()
+    ));
+}
+
+#[test]
+fn a_fleet_on_a_redis_cluster_never_grants_more_than_the_limit() {
+    let cluster = RedisCluster::start();
+    let seeds: Vec<String> = cluster.seeds().iter().map(|s| format!("\"{s}\"")).collect();
+    fleet_never_grants_more_than_the_limit(&format!(
+        "backend = \"redis\"\ncluster = [{}]\ntimeout = \"500ms\"",
+        seeds.join(", ")
+    ));
+}
