@@ -22,6 +22,8 @@ pub struct RequestFacts<'a> {
     pub client_cert: Option<&'a str>,
     /// Who is asking, verified (anonymous unless a credential checked out).
     pub identity: &'a Identity,
+    /// `reserve = "request"`: the units the request's body bounds its cost by, if it does.
+    pub request_bound: Option<u64>,
 }
 
 /// The client address: the TCP peer, unless the peer is a trusted proxy; then the
@@ -326,6 +328,7 @@ mod tests {
             route: "api",
             client_cert: None,
             identity: &Identity::anonymous(),
+            request_bound: None,
         };
         let one =
             |p: KeyPart| key_value(&[p], &req).map(|v| String::from_utf8_lossy(&v).into_owned());

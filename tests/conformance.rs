@@ -1731,6 +1731,7 @@ async fn auth_failure_bans_and_consumer_keys_match() {
             route: "r",
             client_cert: None,
             identity,
+            request_bound: None,
         };
         let mut seen = Vec::new();
         // Three invalid credentials from one address: the third bans it.

@@ -19,12 +19,13 @@ use common::redis::{RedisCluster, RedisServer};
 use common::Sluice;
 
 /// An LLM-style upstream. The request says what to answer:
-/// - the path picks the format: `/openai/…`, `/anthropic/…`, `/gemini/…`;
+/// - the path picks the format: `…/openai/…`, `…/anthropic/…`, `…/gemini/…`;
 /// - `"stream": true` in the JSON body (or `alt=sse` for Gemini) asks for SSE;
 /// - `x-tokens: N`: the usage to report (input 1/4 of it, output the rest);
 /// - `x-gap-ms: M`: the pause between events (default 20);
 /// - `x-cut: 1`: the stream stops before its usage, the connection closed mid-body;
 /// - `x-fail: 1`: a 503 with an error body and no usage.
+/// Every answer says what body it got: `x-body-sum`, the sum of its bytes.
 struct Llm {
     addr: SocketAddr,
     hits: Arc<AtomicUsize>,
@@ -75,7 +76,11 @@ fn answer(conn: &mut TcpStream, req: &Request) -> bool {
         return conn.write_all(resp.as_bytes()).is_ok();
     }
     let (input, output) = (tokens / 4, tokens - tokens / 4);
-    let format = req.target.split('/').nth(1).unwrap_or("");
+    let format = ["openai", "anthropic", "gemini"]
+        .into_iter()
+        .find(|f| req.target.contains(&format!("/{f}/")))
+        .unwrap_or("");
+    let sum = body_sum(&req.body);
     if !stream {
         let whole = match format {
             "openai" => format!(
@@ -89,7 +94,7 @@ fn answer(conn: &mut TcpStream, req: &Request) -> bool {
             ),
         };
         let resp = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{whole}",
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nx-body-sum: {sum}\r\nContent-Length: {}\r\n\r\n{whole}",
             whole.len()
         );
         return conn.write_all(resp.as_bytes()).is_ok();
@@ -157,12 +162,22 @@ fn answer(conn: &mut TcpStream, req: &Request) -> bool {
     conn.write_all(b"0\r\n\r\n").is_ok()
 }
 
+fn body_sum(body: &[u8]) -> u64 {
+    body.iter().map(|&b| b as u64).sum()
+}
+
 /// Token budgets per customer: 1000 tokens an hour, 100 held per request.
 fn config(upstream: SocketAddr, backend: &str) -> String {
     let mut c = format!(
         "[server]\nlisten = [\"{{listen}}\"]\n[admin]\nlisten = \"{{admin}}\"\n\
          [limiter]\n{backend}\n\
          [upstreams.llm]\nservers = [\"{upstream}\"]\n"
+    );
+    // Holds what the request's body allows it to cost.
+    c.push_str(
+        "[policies.bounded_tokens]\nalgorithm = \"token_bucket\"\nlimit = 1000\nperiod = \"1h\"\n\
+         key = [\"header:x-customer\"]\ncost = { usage = \"openai\" }\nreserve = \"request\"\nmax_reserve = 500\n\
+         [[routes]]\nname = \"bounded\"\npath_prefix = \"/bounded\"\nupstream = \"llm\"\npolicies = [\"bounded_tokens\"]\n",
     );
     for format in ["openai", "anthropic", "gemini"] {
         c.push_str(&format!(
@@ -246,12 +261,7 @@ fn tokens_each_format_reports_are_charged_exactly_whole_and_streamed() {
             false,
             &[("x-tokens", "100")],
         );
-        assert_eq!(
-            remaining(&r),
-            272,
-            "{format}: {:?}",
-            r.headers
-        );
+        assert_eq!(remaining(&r), 272, "{format}: {:?}", r.headers);
     }
     assert_eq!(llm.hits(), 15);
 }
@@ -454,4 +464,64 @@ fn a_fleet_on_a_redis_cluster_never_grants_more_than_the_limit() {
         "backend = \"redis\"\ncluster = [{}]\ntimeout = \"500ms\"",
         seeds.join(", ")
     ));
+}
+
+#[test]
+fn reserve_request_holds_the_bodys_own_bound_and_sends_the_body_on_unchanged() {
+    let llm = Llm::start();
+    let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
+    let send = |body: &str, tokens: &str| {
+        let headers = [
+            ("x-customer", "acme"),
+            ("content-type", "application/json"),
+            ("x-tokens", tokens),
+        ];
+        http::request(
+            s.addr,
+            "POST",
+            "/bounded/openai/v1/chat/completions",
+            &headers,
+            body,
+        )
+    };
+    // Bounded by max_tokens: its bytes / 4 + 200 held, then 30 charged.
+    let body = format!(
+        r#"{{"model":"m","max_tokens":200,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "hello ".repeat(100)
+    );
+    let held = body.len() as u64 / 4 + 200;
+    let r = send(&body, "30");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(remaining(&r), 1000 - held);
+    assert_eq!(
+        r.header("x-body-sum"),
+        Some(body_sum(body.as_bytes()).to_string().as_str()),
+        "the upstream got the body as sent"
+    );
+    assert!(s.wait_for(Duration::from_secs(5), || {
+        s.metric("sluice_policy_units_total{kind=\"charged\",policy=\"bounded_tokens\",route=\"bounded\"}")
+            == 30.0
+    }));
+    // No output bound in the body: max_reserve (500) is held.
+    let r = send(r#"{"model":"m","messages":[]}"#, "20");
+    assert_eq!(r.status, 200);
+    assert_eq!(remaining(&r), 1000 - 30 - 500);
+    // A body over 1 MiB is refused before anything is charged or sent.
+    let hits = llm.hits();
+    // (Its head and first bytes: sluice answers without reading the rest.)
+    let raw = format!(
+        "POST /bounded/openai/v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-customer: acme\r\n\
+         Content-Length: {}\r\n\r\n{{\"max_tokens\":1,\"pad\":\"xxxx",
+        (1 << 20) + 1
+    );
+    let r = http::parse(&http::send_raw(s.addr, raw.as_bytes()).unwrap());
+    assert_eq!(r.status, 413);
+    assert_eq!(llm.hits(), hits);
+    // An upper bound over what is left is refused: 950 spent of 1000 once both settle.
+    assert!(s.wait_for(Duration::from_secs(5), || {
+        s.metric("sluice_policy_units_total{kind=\"charged\",policy=\"bounded_tokens\",route=\"bounded\"}")
+            == 50.0
+    }));
+    let r = send(r#"{"model":"m","max_tokens":960,"messages":[]}"#, "1");
+    assert_eq!(r.status, 429, "{}", r.body);
 }

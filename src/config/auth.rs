@@ -147,6 +147,7 @@ pub(super) fn failures_policy(max: MaxFailures) -> Policy {
         overrides: Vec::new(),
         ban: max.ban,
         metering: None,
+        reserve_request: None,
     }
 }
 

@@ -8,15 +8,16 @@ use super::{Algorithm, Metering, Reserve, StatusRange, UsageFormat};
 /// The request's upper bound when `reserve = "request"` finds none in the body.
 const DEFAULT_MAX_RESERVE: u64 = 4096;
 
-/// The policy's metering, if it charges from the response, and the units it holds at
-/// admission (`reserve`, or for `count` the policy's `cost`). `cost` is the policy's
-/// integer `cost` as already read (1 when absent).
+/// The policy's metering, if it charges from the response, the units it holds at
+/// admission (`reserve`, or for `count` the policy's `cost`), and with `reserve =
+/// "request"` its `max_reserve`. `cost` is the policy's integer `cost` as already read (1
+/// when absent).
 pub(super) fn metering(
     p: &Problems,
     t: &Table,
     algorithm: Option<Algorithm>,
     cost: u64,
-) -> (Option<Metering>, u64) {
+) -> (Option<Metering>, u64, Option<u64>) {
     let count = t.get("count").and_then(|node| count(p, node));
     let from_response = match t.get("cost") {
         Some(
@@ -40,8 +41,15 @@ pub(super) fn metering(
         (None, Some(source)) => Some(source),
         (None, None) => None,
     };
+    let request = match (&metering, reserve) {
+        (Some(Metering::Header(_) | Metering::Usage(_)), Some(Reserve::Request { most })) => {
+            Some(most)
+        }
+        _ => None,
+    };
     let held = match (&metering, reserve) {
         (Some(Metering::Header(_) | Metering::Usage(_)), Some(Reserve::Units(n))) => n,
+        (_, Some(Reserve::Request { most })) if request.is_some() => most,
         (Some(Metering::Header(_) | Metering::Usage(_)), None) => 1,
         (_, Some(_)) => {
             p.at(
@@ -64,7 +72,7 @@ pub(super) fn metering(
             "charging from the response works with fixed_window, sliding_window, sliding_log, token_bucket and gcra (concurrency counts requests in flight; leaky_bucket has already shaped the request)",
         );
     }
-    (metering, held)
+    (metering, held, request)
 }
 
 /// The `reserve` of a metered policy, with `max_reserve` for `"request"`.
@@ -83,15 +91,9 @@ fn reserve(p: &Problems, t: &Table) -> Option<Reserve> {
         Spanned {
             value: Node::Str(s),
             ..
-        } if s == "request" => {
-            p.at(
-                &t.key_span("reserve"),
-                "`reserve = \"request\"` is not supported by this build yet; reserve a number of units",
-            );
-            Reserve::Request {
-                most: max_reserve.unwrap_or(DEFAULT_MAX_RESERVE),
-            }
-        }
+        } if s == "request" => Reserve::Request {
+            most: max_reserve.unwrap_or(DEFAULT_MAX_RESERVE),
+        },
         other => {
             p.at(
                 &other.span,
@@ -179,12 +181,12 @@ fn cost_source(p: &Problems, node: &Spanned<Node>) -> Option<Metering> {
         ],
     );
     let source = match (header, usage) {
-        (Some(name), None) => Some(Metering::Header(name)),
-        (None, Some(format)) => Some(Metering::Usage(format)),
-        (Some(_), Some(_)) => {
+        _ if t.get("header").is_some() && t.get("usage").is_some() => {
             p.at(&node.span, "`cost` takes one of `header` and `usage`");
             None
         }
+        (Some(name), _) => Some(Metering::Header(name)),
+        (_, Some(format)) => Some(Metering::Usage(format)),
         (None, None) => {
             if t.get("header").is_none() && t.get("usage").is_none() {
                 p.at(

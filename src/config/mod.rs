@@ -314,6 +314,9 @@ pub struct Policy {
     /// `count` or `cost = { … }`: the charge made at admission (`cost`, which then holds
     /// the `reserve`) is settled when the response is known (DESIGN §12).
     pub metering: Option<Metering>,
+    /// `reserve = "request"`: the request's own upper bound is held, this much
+    /// (`max_reserve`, also `cost`) when its body gives none.
+    pub reserve_request: Option<u64>,
 }
 
 /// How a policy's charge is settled from the response (DESIGN §12).

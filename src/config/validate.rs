@@ -1102,11 +1102,18 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
         }) => 1,
         _ => t.int("cost", 0..=i64::MAX).map_or(1, |n| n.value as u64),
     };
-    let (metering, cost) = super::metering::metering(p, &t, algorithm, cost);
-    // What a metered policy holds at admission is its `reserve`.
-    let cost_key = match metering {
-        Some(Metering::Header(_) | Metering::Usage(_)) if t.get("reserve").is_some() => "reserve",
-        _ => "cost",
+    let (metering, cost, reserve_request) = super::metering::metering(p, &t, algorithm, cost);
+    // What a metered policy holds at admission is its `reserve` (with `"request"`, at most
+    // `max_reserve` when a body gives no bound).
+    let (cost_key, held) = match metering {
+        Some(_) if reserve_request.is_some() => match t.get("max_reserve") {
+            Some(_) => ("max_reserve", format!("`max_reserve` {cost}")),
+            None => ("reserve", format!("`max_reserve` {cost} (its default)")),
+        },
+        Some(Metering::Header(_) | Metering::Usage(_)) if t.get("reserve").is_some() => {
+            ("reserve", format!("`reserve` {cost}"))
+        }
+        _ => ("cost", format!("`cost` {cost}")),
     };
     let mode = t
         .choice(
@@ -1163,7 +1170,7 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
     if let Some((what, most)) = ceiling.filter(|(_, most)| cost > *most) {
         p.at(
             &t.key_span(cost_key),
-            format!("`{cost_key}` {cost} can never be admitted: it exceeds `{what}` ({most})"),
+            format!("{held} can never be admitted: it exceeds `{what}` ({most})"),
         );
     }
     // Exact integer arithmetic in Redis's Lua needs every product of a count and the period
@@ -1215,6 +1222,7 @@ fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>) -> Option<
         overrides,
         ban,
         metering,
+        reserve_request,
     })
 }
 

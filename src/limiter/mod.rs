@@ -573,7 +573,9 @@ impl Limiter {
             checks.push(Check {
                 key,
                 rule,
-                cost: policy.cost,
+                cost: policy
+                    .reserve_request
+                    .map_or(policy.cost, |most| req.request_bound.unwrap_or(most)),
                 enforce,
                 // Shadow policies ban nobody.
                 ban_ms: if enforce {
@@ -1236,6 +1238,7 @@ policies = ["bucket", "window"]
             route: "r",
             client_cert: None,
             identity: &crate::auth::Identity::anonymous(),
+            request_bound: None,
         };
         for _ in 0..3 {
             limiter.decide(0, &first.policies, &[0], &facts).await;

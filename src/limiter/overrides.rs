@@ -77,6 +77,7 @@ mod tests {
             route: "api",
             client_cert: None,
             identity: &ANONYMOUS,
+            request_bound: None,
         }
     }
 

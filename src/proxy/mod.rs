@@ -333,6 +333,34 @@ impl ProxyHttp for Proxy {
         {
             return Ok(true);
         }
+        let reserves = route
+            .policies
+            .iter()
+            .any(|&id| config.policies[id].reserve_request.is_some());
+        let request_bound = match reserves {
+            false => None,
+            true => match request_bound(session).await? {
+                Some(bound) => bound,
+                None => {
+                    session.set_keepalive(None);
+                    let body = response::problem(
+                        413,
+                        "Content Too Large",
+                        "a metered request's body is read for its bound, up to 1 MiB",
+                    );
+                    write_response(
+                        session,
+                        413,
+                        &[],
+                        response::PROBLEM,
+                        body.into(),
+                        Extra::of(ctx, &gateway),
+                    )
+                    .await?;
+                    return Ok(true);
+                }
+            },
+        };
         let req = session.req_header();
         let client_cert = crate::tls::client_cert_id(session.digest());
         let facts = RequestFacts {
@@ -345,6 +373,7 @@ impl ProxyHttp for Proxy {
             route: &route.name,
             client_cert: client_cert.as_deref(),
             identity: &ctx.identity,
+            request_bound,
         };
         let outcome = gateway
             .limiter
@@ -734,6 +763,7 @@ impl Proxy {
                         route: &route.name,
                         client_cert: None,
                         identity: &ctx.identity,
+                        request_bound: None,
                     };
                     if let Some(ms) = gateway
                         .limiter
@@ -1018,6 +1048,37 @@ fn wire_length(session: &Session) -> Option<u64> {
 }
 
 /// The declared body length, if any (Pingora has already rejected malformed values).
+/// The most of a body `reserve = "request"` reads (DESIGN §12); a larger one gets 413.
+const BOUND_BODY_LIMIT: u64 = 1 << 20;
+/// The most of a body read before the upstream is chosen that Pingora sends on to it (its
+/// retry buffer).
+const REPLAYED_BODY_LIMIT: u64 = 64 * 1024;
+
+/// `reserve = "request"`: the units the request's JSON body bounds its cost by (DESIGN
+/// §12), `Some(None)` when it gives none, `None` when the body is too large to be metered.
+///
+/// The body is read before the decision and sent on unchanged by Pingora's retry buffer,
+/// which holds 64 KiB: a body between that and 1 MiB, or one of unknown length, is not
+/// read here and the policy holds its `max_reserve`.
+async fn request_bound(session: &mut Session) -> Result<Option<Option<u64>>> {
+    let length = content_length(session.req_header());
+    match length {
+        Some(n) if n > BOUND_BODY_LIMIT => return Ok(None),
+        Some(n) if n > 0 && n <= REPLAYED_BODY_LIMIT => {}
+        _ => return Ok(Some(None)),
+    }
+    session.enable_retry_buffering();
+    let mut body = Vec::with_capacity(length.unwrap_or(0) as usize);
+    while let Some(chunk) = session.read_request_body().await? {
+        body.extend_from_slice(&chunk);
+        if body.len() as u64 > REPLAYED_BODY_LIMIT {
+            // Longer than its Content-Length said: Pingora refuses it on its own.
+            return Ok(Some(None));
+        }
+    }
+    Ok(Some(usage::request_bound(&body)))
+}
+
 fn content_length(req: &RequestHeader) -> Option<u64> {
     req.headers
         .get(http::header::CONTENT_LENGTH)?

@@ -423,6 +423,22 @@ fn memchr2(a: u8, b: u8, haystack: &[u8]) -> Option<usize> {
     haystack.iter().position(|&c| c == a || c == b)
 }
 
+/// `reserve = "request"`: a JSON request's upper bound on the tokens it may cost, its
+/// bytes / 4 for the input plus the largest output bound it sets (OpenAI's `max_tokens`,
+/// `max_completion_tokens` and the Responses API's `max_output_tokens`, Anthropic's
+/// `max_tokens`, Gemini's `generationConfig.maxOutputTokens`); None without one.
+pub fn request_bound(body: &[u8]) -> Option<u64> {
+    let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let output = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+        .iter()
+        .filter_map(|name| json.get(name))
+        .chain(json.pointer("/generationConfig/maxOutputTokens"))
+        .filter_map(serde_json::Value::as_u64)
+        .max()?;
+    // Far past any budget (so refused), yet exact in Redis's Lua arithmetic.
+    Some((body.len() as u64 / 4).saturating_add(output).min(1 << 40))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,6 +460,17 @@ mod tests {
         }
         assert_eq!(whole, meter.cost(format), "byte by byte differs: {text}");
         whole
+    }
+
+    #[test]
+    fn a_request_is_bounded_by_its_size_and_largest_output_bound() {
+        let body = br#"{"model":"m","max_tokens":100,"max_completion_tokens":300,"messages":[]}"#;
+        assert_eq!(request_bound(body), Some(body.len() as u64 / 4 + 300));
+        let gemini = br#"{"contents":[],"generationConfig":{"maxOutputTokens":64}}"#;
+        assert_eq!(request_bound(gemini), Some(gemini.len() as u64 / 4 + 64));
+        assert_eq!(request_bound(br#"{"model":"m","messages":[]}"#), None);
+        assert_eq!(request_bound(br#"{"max_tokens":"many"}"#), None);
+        assert_eq!(request_bound(b"max_tokens=5"), None);
     }
 
     #[test]
