@@ -25,7 +25,8 @@ use common::Sluice;
 /// - `x-gap-ms: M`: the pause between events (default 20);
 /// - `x-cut: 1`: the stream stops before its usage, the connection closed mid-body;
 /// - `x-fail: 1`: a 503 with an error body and no usage.
-/// Every answer says what body it got: `x-body-sum`, the sum of its bytes.
+///
+/// Every whole answer says what body it got: `x-body-sum`, the sum of its bytes.
 struct Llm {
     addr: SocketAddr,
     hits: Arc<AtomicUsize>,
