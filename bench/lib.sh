@@ -208,11 +208,28 @@ start_nginx() {
     start_bg "$name" nginx -e "$dir/error.log" -p "$dir/" -c "$dir/nginx.conf" -g 'daemon off;'
 }
 
-# start_upstream: nginx with one worker answering `return 200 "ok\n"`; sets UP_PORT, UP_PID
+# start_upstream: nginx with one worker answering `return 200 "ok\n"`, and under /sse/ a
+# 64 KiB Server-Sent-Events stream as an OpenAI-compatible API sends it (chunks of text,
+# then the usage, then [DONE]); sets UP_PORT, UP_PID
 start_upstream() {
     UP_PORT=$(free_port)
+    mkdir -p "$TMP/sse"
+    python3 - "$TMP/sse/stream" <<'PY'
+import sys
+text = 'data: {"choices":[{"index":0,"delta":{"content":"' + "token " * 40 + '"}}],"usage":null}\n\n'
+end = ('data: {"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":900,'
+       '"total_tokens":1000}}\n\ndata: [DONE]\n\n')
+body = text * ((65536 - len(end)) // len(text))
+body += ": " + "x" * (65536 - len(body) - len(end) - 3) + "\n" + end
+assert len(body) == 65536
+open(sys.argv[1], "w").write(body)
+PY
     nginx_conf "$TMP/conf/upstream" "$UP_PORT" 1 "" '        location / {
             return 200 "ok\n";
+        }
+        location /sse/ {
+            alias '"$TMP"'/sse/;
+            default_type text/event-stream;
         }'
     start_nginx upstream "$TMP/conf/upstream"
     UP_PID=$BG_PID

@@ -11,7 +11,7 @@
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
 #   CONTENDERS         subset to run, e.g. "1 2 4"
-#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e]
+#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s]
 #   ZIPF_KEYS [100000] distinct keys / consumers / API keys of rows 5z, 5k and 6z (Zipf, s = 1)
 #   JWT_TOKENS [1000]  distinct ES256 tokens (consumers) of row 5j (Zipf, s = 1)
 #   SEED [1]           seed of the API keys and of bench/zipf.lua's draws (wrk thread i: SEED + 1000 i)
@@ -43,7 +43,7 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e"
+ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
@@ -77,14 +77,14 @@ ALG_DUR_S=$(python3 "$LIB" seconds "$ALG_DURATION")
 if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 
 needs_sluice=0
-for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|7|8a|8b|8c|9b|4w2|6w2|4h|4p|4e) needs_sluice=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|7|8a|8b|8c|9b|4w2|6w2|4h|4p|4e|4s|5s) needs_sluice=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_sluice=1
 needs_redis=0
 for c in $CONTENDERS; do case $c in 6|6z|7|8a|8b|8c|6w2) needs_redis=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_redis=1
 # Rows with consumers, API keys, tokens or Zipf-drawn keys (data made by benchlib.py authdata).
 needs_auth_data=0
-for c in $CONTENDERS; do case $c in 5z|5k|5j|6z|8c) needs_auth_data=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 5z|5k|5j|6z|8c|5s) needs_auth_data=1 ;; esac; done
 
 # Only what the chosen rows use (bench/pgo.sh trains without HAProxy).
 tools="wrk nginx timeout setsid"
@@ -182,6 +182,14 @@ algorithm = "gcra"
 limit = 100000000
 period = "1s"
 key = ["header:x-user"]'
+# 5s: each user's tokens as the upstream's SSE stream reports them (DESIGN section 12)
+POL_USAGE='[policies.per_user_tokens]
+algorithm = "token_bucket"
+limit = 100000000000
+period = "1s"
+key = ["header:x-user"]
+cost = { usage = "openai" }
+reserve = 1'
 # 5k, 5j and 8c: the same gcra keyed on the verified consumer (DESIGN section 11)
 POL_CONSUMER='[policies.per_consumer]
 algorithm = "gcra"
@@ -295,6 +303,11 @@ contender_info() {
         4p) LABEL="sluice, no policies, the catch-all after 10,000 path-prefix routes"; KIND=sluice; TENANTS=prefixes ;;
         4e) LABEL="sluice, no policies, request_id + two header rules + strip_prefix"; KIND=sluice; EDGE=1
             WRK_PATH=/api/v1/x ;;
+        4s) LABEL="sluice, no policies, a 64 KiB SSE stream per response"; KIND=sluice
+            WRK_PATH=/sse/stream ;;
+        5s) LABEL="sluice, token_bucket charged the stream's usage (openai) per x-user, memory, $ZIPF_KEYS keys (Zipf), the same stream"
+            KIND=sluice; POLICIES=$POL_USAGE; ROUTE_POL='"per_user_tokens"'; WRK_DATA=$AUTH_DIR/zipf-users.lua
+            PRIME=user; WRK_PATH=/sse/stream ;;
         6w2) LABEL="sluice, gcra, redis, threads = 2"; KIND=sluice; SL_THREADS=2; BACKEND=redis
              POLICIES=$POL_GCRA; ROUTE_POL='"per_ip"' ;;
     esac

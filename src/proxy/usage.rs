@@ -1,13 +1,17 @@
 //! Reading the tokens an LLM response reports (DESIGN §12 `cost = { usage = … }`), as the
 //! body passes: whole JSON bodies and Server-Sent-Events streams, fed chunk by chunk.
 //!
-//! Nothing is buffered: a push scanner walks the JSON byte by byte and keeps only the
-//! object keys on the current path (each at most `MAX_KEY` bytes, at most `MAX_DEPTH`
-//! deep) and the digits of the number being read, so a stream of any length is read in a
-//! few hundred bytes. The crates considered (actson, struson) keep every string token
-//! whole, a completion's text included. SSE framing is handled here too: each event's
-//! `data:` lines are one JSON text (OpenAI's `[DONE]` is simply not JSON); the scanner
-//! restarts at every event.
+//! A whole JSON body is walked by a push scanner that keeps only the object keys on the
+//! current path (each at most `MAX_KEY` bytes, at most `MAX_DEPTH` deep) and the digits of
+//! the number being read, skipping string values with memchr, so a body of any length is
+//! read in a few hundred bytes. The crates considered (actson, struson) keep every string
+//! token whole, a completion's text included.
+//!
+//! An SSE stream is framed here: each event's `data:` lines are one JSON text, kept (at
+//! most `MAX_EVENT` bytes; a longer event is dropped) until the event ends, and scanned
+//! only if it holds a usage object (`"usage":{` or `"usageMetadata":{`, found with memmem):
+//! most events of a stream are text deltas (OpenAI's carry `"usage":null`), so a stream
+//! costs little more than the search for line ends.
 
 use crate::config::UsageFormat;
 
@@ -15,6 +19,8 @@ use crate::config::UsageFormat;
 const MAX_KEY: usize = 32;
 /// Nesting deeper than this is scanned but matches no usage path.
 const MAX_DEPTH: usize = 16;
+/// The most of one SSE event kept (the bound on what a stream holds).
+const MAX_EVENT: usize = 64 * 1024;
 /// SSE field names longer than this are not `data`.
 const MAX_FIELD: usize = 8;
 
@@ -50,9 +56,14 @@ enum Slot {
 /// What a response's body said, fed to it as it passes.
 #[derive(Debug)]
 pub struct UsageMeter {
-    sse: Option<Sse>,
-    json: Scanner,
+    body: Body,
     found: [Option<u64>; 4],
+}
+
+#[derive(Debug)]
+enum Body {
+    Json(Scanner),
+    Sse(Sse),
 }
 
 impl UsageMeter {
@@ -62,16 +73,19 @@ impl UsageMeter {
         let sse = content_type
             .is_some_and(|t| t.len() >= 17 && t[..17].eq_ignore_ascii_case(b"text/event-stream"));
         UsageMeter {
-            sse: sse.then(Sse::default),
-            json: Scanner::default(),
+            body: if sse {
+                Body::Sse(Sse::default())
+            } else {
+                Body::Json(Scanner::default())
+            },
             found: [None; 4],
         }
     }
 
     pub fn feed(&mut self, bytes: &[u8]) {
-        match &mut self.sse {
-            None => self.json.feed(bytes, &mut self.found),
-            Some(sse) => sse.feed(bytes, &mut self.json, &mut self.found),
+        match &mut self.body {
+            Body::Json(json) => json.feed(bytes, &mut self.found),
+            Body::Sse(sse) => sse.feed(bytes, &mut self.found),
         }
     }
 
@@ -91,10 +105,120 @@ impl UsageMeter {
     }
 }
 
-/// SSE framing (the WHATWG event stream): lines end at LF, CR or CRLF; a blank line ends
-/// an event; `data` lines carry the event's JSON, joined by newlines.
+/// An SSE stream read lazily: a chunk is searched for usage objects (and for its last
+/// blank line, where the next event starts), and only the complete events of a chunk that
+/// holds one are framed and scanned. The start of an event not yet ended is kept (at most
+/// `MAX_EVENT` bytes) for the next chunk.
 #[derive(Debug, Default)]
 struct Sse {
+    /// The stream since the last blank line.
+    pending: Vec<u8>,
+    /// `pending` may hold a usage object.
+    pending_usage: bool,
+    /// The event in `pending` is longer than `MAX_EVENT`: dropped up to the next blank line.
+    too_long: bool,
+    /// How this stream ends lines (from its first line end): a blank line is two of them.
+    blank_line: Option<&'static [u8]>,
+}
+
+/// How many bytes of a usage key and what follows it (`"usageMetadata" : {`, give or take
+/// some spaces) a chunk boundary may split.
+const SEAM: usize = 24;
+
+impl Sse {
+    fn feed(&mut self, chunk: &[u8], found: &mut [Option<u64>; 4]) {
+        if self.blank_line.is_none() {
+            let cr_before = self.pending.last() == Some(&b'\r');
+            self.blank_line = match memchr::memchr2(b'\n', b'\r', chunk).map(|at| &chunk[at..]) {
+                Some([b'\n', ..]) if cr_before && chunk[0] == b'\n' => Some(b"\r\n\r\n"),
+                Some([b'\r', b'\n', ..]) => Some(b"\r\n\r\n"),
+                // A CR last: whether an LF follows is for the next chunk to say.
+                Some([b'\r']) => None,
+                Some([b'\r', ..]) => Some(b"\r\r"),
+                Some(_) => Some(b"\n\n"),
+                // No line has ended yet: nothing can be framed.
+                None => None,
+            };
+        }
+        // A usage key or a blank line split by the chunk boundary: found across the seam.
+        let mut seam = [0u8; 2 * SEAM];
+        let tail = &self.pending[self.pending.len().saturating_sub(SEAM)..];
+        let head = &chunk[..chunk.len().min(SEAM)];
+        seam[..tail.len()].copy_from_slice(tail);
+        seam[tail.len()..tail.len() + head.len()].copy_from_slice(head);
+        let seam = &seam[..tail.len() + head.len()];
+        let across = first_usage(seam).is_some_and(|at| at < tail.len());
+        let hit = first_usage(chunk);
+        // Where the chunk's last blank line ends: in it, or begun before it.
+        let boundary = self.blank_line.and_then(|blank| {
+            rfind_blank(chunk, blank)
+                .map(|at| at + blank.len())
+                .or_else(|| {
+                    rfind_blank(seam, blank)
+                        .map(|at| at + blank.len())
+                        .filter(|&end| end > tail.len())
+                        .map(|end| end - tail.len())
+                })
+        });
+        let Some(end) = boundary else {
+            self.pending_usage |= across || hit.is_some();
+            self.keep(chunk);
+            return;
+        };
+        let blank = self.blank_line.unwrap_or(b"\n\n");
+        if self.pending_usage || across {
+            // From the event kept: the usage may be in it.
+            let mut framer = Framer::default();
+            let from = if self.too_long {
+                // The dropped event ends at the chunk's first blank line.
+                memchr::memmem::find(chunk, blank).map_or(end, |at| at + blank.len())
+            } else {
+                framer.feed(&self.pending, found);
+                0
+            };
+            framer.feed(&chunk[from.min(end)..end], found);
+        } else if let Some(h) = hit.filter(|&h| h < end) {
+            // From the event the first usage object is in: the events before it hold none.
+            let from = rfind_blank(&chunk[..h], blank).map(|at| at + blank.len());
+            let mut framer = Framer::default();
+            match from {
+                Some(from) => framer.feed(&chunk[from..end], found),
+                None if self.too_long => {
+                    // The hit is in the dropped event: the events after it are read.
+                    if let Some(at) = memchr::memmem::find(&chunk[..end], blank) {
+                        framer.feed(&chunk[at + blank.len()..end], found);
+                    }
+                }
+                None => {
+                    framer.feed(&self.pending, found);
+                    framer.feed(&chunk[..end], found);
+                }
+            }
+        }
+        self.pending.clear();
+        self.too_long = false;
+        self.keep(&chunk[end..]);
+        self.pending_usage = hit.is_some_and(|h| h >= end) || first_usage(&chunk[end..]).is_some();
+    }
+    fn keep(&mut self, bytes: &[u8]) {
+        if self.too_long || self.pending.len() + bytes.len() > MAX_EVENT {
+            self.too_long = true;
+            self.pending = Vec::new();
+        } else {
+            self.pending.extend_from_slice(bytes);
+        }
+    }
+}
+
+/// SSE framing (the WHATWG event stream): lines end at LF, CR or CRLF; a blank line ends
+/// an event; `data` lines carry the event's JSON, joined by newlines. Run only over text
+/// that may hold usage (see `Sse`).
+#[derive(Debug, Default)]
+struct Framer {
+    /// The current event's data so far.
+    event: Vec<u8>,
+    /// The current event is longer than `MAX_EVENT`: it is dropped.
+    too_long: bool,
     /// The field name read so far on this line, while in it.
     field: [u8; MAX_FIELD],
     field_len: usize,
@@ -103,7 +227,7 @@ struct Sse {
     blank: bool,
     /// The last byte was CR (an LF right after it ends nothing more).
     after_cr: bool,
-    /// The event has had data (the scanner holds its JSON).
+    /// The event has had a data line.
     has_data: bool,
 }
 
@@ -114,30 +238,40 @@ enum Line {
     Field,
     /// After `data:`, before the optional space.
     DataStart,
-    /// In a `data` value: bytes go to the JSON scanner.
+    /// In a `data` value: bytes are kept for the event.
     Data,
     /// In a line that is not data (or a comment): skipped.
     Skip,
 }
 
-impl Sse {
-    fn feed(&mut self, bytes: &[u8], json: &mut Scanner, found: &mut [Option<u64>; 4]) {
-        let mut data_from = None;
-        for (i, &b) in bytes.iter().enumerate() {
+impl Framer {
+    fn feed(&mut self, bytes: &[u8], found: &mut [Option<u64>; 4]) {
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
             if b == b'\n' && self.after_cr {
                 self.after_cr = false;
+                i += 1;
                 continue;
             }
             self.after_cr = b == b'\r';
             if b == b'\n' || b == b'\r' {
-                if let Some(from) = data_from.take() {
-                    json.feed(&bytes[from..i], found);
-                }
-                self.end_line(json, found);
+                self.end_line(found);
+                i += 1;
                 continue;
             }
             self.blank = false;
             match self.state {
+                Line::Data | Line::Skip => {
+                    // The rest of the line in one step: kept, or skipped.
+                    let end =
+                        memchr::memchr2(b'\n', b'\r', &bytes[i..]).map_or(bytes.len(), |n| i + n);
+                    if self.state == Line::Data {
+                        self.keep(&bytes[i..end]);
+                    }
+                    i = end;
+                    continue;
+                }
                 Line::Field => {
                     if b == b':' {
                         self.state = if &self.field[..self.field_len] == b"data" {
@@ -156,44 +290,101 @@ impl Sse {
                     self.state = Line::Data;
                     if self.has_data {
                         // Lines of one event's data are joined by a newline.
-                        json.feed(b"\n", found);
+                        self.keep(b"\n");
                     }
                     self.has_data = true;
                     if b != b' ' {
-                        data_from = Some(i);
+                        // Not the optional space: this byte is data.
+                        continue;
                     }
                 }
-                Line::Data => {
-                    if data_from.is_none() {
-                        data_from = Some(i);
-                    }
-                }
-                Line::Skip => {}
             }
-        }
-        if let Some(from) = data_from {
-            json.feed(&bytes[from..], found);
+            i += 1;
         }
     }
 
-    fn end_line(&mut self, json: &mut Scanner, found: &mut [Option<u64>; 4]) {
+    fn keep(&mut self, data: &[u8]) {
+        if self.event.len() + data.len() > MAX_EVENT {
+            self.too_long = true;
+            self.event = Vec::new();
+        }
+        if !self.too_long {
+            self.event.extend_from_slice(data);
+        }
+    }
+
+    fn end_line(&mut self, found: &mut [Option<u64>; 4]) {
         if self.state == Line::DataStart {
             // `data:` with nothing after it: an empty data line.
             if self.has_data {
-                json.feed(b"\n", found);
+                self.keep(b"\n");
             }
             self.has_data = true;
         }
         if self.blank {
-            // The event ends: its JSON ends with it (a number at the very end is read).
-            json.feed(b" ", found);
-            *json = Scanner::default();
+            // The event ends: its JSON is read if it holds a usage object.
+            if !self.too_long && holds_usage(&self.event) {
+                let mut json = Scanner::default();
+                json.feed(&self.event, found);
+                // A number at the very end of the text ends with it.
+                json.feed(b" ", found);
+            }
+            self.event.clear();
+            self.too_long = false;
             self.has_data = false;
         }
         self.state = Line::Field;
         self.field_len = 0;
         self.blank = true;
     }
+}
+
+/// Whether `json` has a key `usage` or `usageMetadata` whose value is an object: only
+/// then can the scanner find a usage path in it.
+fn holds_usage(json: &[u8]) -> bool {
+    first_usage(json).is_some()
+}
+
+/// Where the last `blank` line (two line ends: LF LF, CR CR or CRLF CRLF) starts in
+/// `text`. By its last byte, as the boundary is usually near the end: no searcher to build.
+fn rfind_blank(text: &[u8], blank: &[u8]) -> Option<usize> {
+    let last = *blank.last()?;
+    memchr::memrchr_iter(last, text).find_map(|at| {
+        let start = (at + 1).checked_sub(blank.len())?;
+        (&text[start..=at] == blank).then_some(start)
+    })
+}
+
+fn skip_spaces(r: &[u8]) -> &[u8] {
+    let at = r.iter().position(|b| !matches!(b, b' ' | b'\t'));
+    at.map_or(&[][..], |at| &r[at..])
+}
+
+/// Where the first usage object's key starts in `text`, also when `text` ends before its
+/// value does (it may go on in the next chunk).
+fn first_usage(text: &[u8]) -> Option<usize> {
+    // Built once: a searcher costs more to make than most events take to search.
+    static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage"));
+    KEY.find_iter(text).find(|&at| {
+        let rest = &text[at + 6..];
+        // Cut short: what follows may make it one.
+        let cut = |r: &[u8], what: &[u8]| r.len() < what.len() && what.starts_with(r);
+        let rest = match rest.strip_prefix(b"\"") {
+            Some(r) => r,
+            None if cut(rest, b"Metadata\"") => return true,
+            None => match rest.strip_prefix(b"Metadata\"") {
+                Some(r) => r,
+                None => return false,
+            },
+        };
+        // Spaces only: a line end may be the JSON going on in the event's next data line.
+        let rest = skip_spaces(rest);
+        match rest.strip_prefix(b":") {
+            Some(r) => matches!(skip_spaces(r).first(), None | Some(b'{' | b'\n' | b'\r')),
+            None => matches!(rest.first(), None | Some(b'\n' | b'\r')),
+        }
+    })
 }
 
 /// A push scanner over one JSON text that records the integers at `PATHS`. Malformed
@@ -301,7 +492,7 @@ impl Scanner {
                         self.key.len += 1;
                     } else if key {
                         self.key.len = usize::MAX;
-                    } else if let Some(at) = memchr2(b'"', b'\\', &bytes[i..]) {
+                    } else if let Some(at) = memchr::memchr2(b'"', b'\\', &bytes[i..]) {
                         // Skip a value's text in one step.
                         i += at;
                         continue;
@@ -416,11 +607,6 @@ impl Scanner {
             }
         }
     }
-}
-
-/// The first of `a` or `b` in `haystack`.
-fn memchr2(a: u8, b: u8, haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&c| c == a || c == b)
 }
 
 /// `reserve = "request"`: a JSON request's upper bound on the tokens it may cost, its
