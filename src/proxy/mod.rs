@@ -652,7 +652,10 @@ impl ProxyHttp for Proxy {
             if let Some(bytes) = body {
                 meter.feed(bytes);
             }
-            ctx.body_ended |= end_of_stream;
+            if end_of_stream && !ctx.body_ended {
+                meter.finish();
+                ctx.body_ended = true;
+            }
         }
         Ok(None)
     }

@@ -7,11 +7,10 @@
 //! read in a few hundred bytes. The crates considered (actson, struson) keep every string
 //! token whole, a completion's text included.
 //!
-//! An SSE stream is framed here: each event's `data:` lines are one JSON text, kept (at
-//! most `MAX_EVENT` bytes; a longer event is dropped) until the event ends, and scanned
-//! only if it holds a usage object (`"usage":{` or `"usageMetadata":{`, found with memmem):
-//! most events of a stream are text deltas (OpenAI's carry `"usage":null`), so a stream
-//! costs little more than the search for line ends.
+//! An SSE stream is read where the three formats put their usage: its first event and its
+//! last events (see `Sse`). The chunks between pass untouched, kept by reference while
+//! they are among the last 64 KiB; the events read are framed here (each event's `data:`
+//! lines are one JSON text) and scanned only if they hold a usage object.
 
 use crate::config::UsageFormat;
 
@@ -82,10 +81,19 @@ impl UsageMeter {
         }
     }
 
-    pub fn feed(&mut self, bytes: &[u8]) {
+    pub fn feed(&mut self, bytes: &bytes::Bytes) {
         match &mut self.body {
             Body::Json(json) => json.feed(bytes, &mut self.found),
             Body::Sse(sse) => sse.feed(bytes, &mut self.found),
+        }
+    }
+
+    /// The body ended whole: what its end says is read.
+    pub fn finish(&mut self) {
+        match &mut self.body {
+            // A number at the very end of the text ends with it.
+            Body::Json(json) => json.feed(b" ", &mut self.found),
+            Body::Sse(sse) => sse.finish(&mut self.found),
         }
     }
 
@@ -105,30 +113,30 @@ impl UsageMeter {
     }
 }
 
-/// An SSE stream read lazily: a chunk is searched for usage objects (and for its last
-/// blank line, where the next event starts), and only the complete events of a chunk that
-/// holds one are framed and scanned. The start of an event not yet ended is kept (at most
-/// `MAX_EVENT` bytes) for the next chunk.
+/// An SSE stream, read where the three formats put their usage: the first event
+/// (Anthropic's `message_start` has the input tokens) and the last events (every format's
+/// final, or cumulative, usage). The chunks between pass untouched: a stream costs a
+/// reference to each chunk, not a pass over its bytes. The chunks covering the last
+/// `MAX_EVENT` bytes are kept (by reference) until the stream ends; then the last event
+/// holding a usage object is framed and scanned.
 #[derive(Debug, Default)]
 struct Sse {
-    /// The stream since the last blank line.
-    pending: Vec<u8>,
-    /// `pending` may hold a usage object.
-    pending_usage: bool,
-    /// The event in `pending` is longer than `MAX_EVENT`: dropped up to the next blank line.
-    too_long: bool,
+    /// The stream so far, until its first event has ended (at most `MAX_EVENT` bytes).
+    head: Vec<u8>,
+    head_done: bool,
+    /// The latest chunks, covering at least the last `MAX_EVENT` bytes when there are as many.
+    tail: std::collections::VecDeque<bytes::Bytes>,
+    tail_len: usize,
+    /// Chunks have left the tail: it no longer starts where the stream did.
+    dropped: bool,
     /// How this stream ends lines (from its first line end): a blank line is two of them.
     blank_line: Option<&'static [u8]>,
 }
 
-/// How many bytes of a usage key and what follows it (`"usageMetadata" : {`, give or take
-/// some spaces) a chunk boundary may split.
-const SEAM: usize = 24;
-
 impl Sse {
-    fn feed(&mut self, chunk: &[u8], found: &mut [Option<u64>; 4]) {
+    fn feed(&mut self, chunk: &bytes::Bytes, found: &mut [Option<u64>; 4]) {
         if self.blank_line.is_none() {
-            let cr_before = self.pending.last() == Some(&b'\r');
+            let cr_before = self.head.last() == Some(&b'\r');
             self.blank_line = match memchr::memchr2(b'\n', b'\r', chunk).map(|at| &chunk[at..]) {
                 Some([b'\n', ..]) if cr_before && chunk[0] == b'\n' => Some(b"\r\n\r\n"),
                 Some([b'\r', b'\n', ..]) => Some(b"\r\n\r\n"),
@@ -136,78 +144,93 @@ impl Sse {
                 Some([b'\r']) => None,
                 Some([b'\r', ..]) => Some(b"\r\r"),
                 Some(_) => Some(b"\n\n"),
-                // No line has ended yet: nothing can be framed.
                 None => None,
             };
         }
-        // A usage key or a blank line split by the chunk boundary: found across the seam.
-        let mut seam = [0u8; 2 * SEAM];
-        let tail = &self.pending[self.pending.len().saturating_sub(SEAM)..];
-        let head = &chunk[..chunk.len().min(SEAM)];
-        seam[..tail.len()].copy_from_slice(tail);
-        seam[tail.len()..tail.len() + head.len()].copy_from_slice(head);
-        let seam = &seam[..tail.len() + head.len()];
-        let across = first_usage(seam).is_some_and(|at| at < tail.len());
-        let hit = first_usage(chunk);
-        // Where the chunk's last blank line ends: in it, or begun before it.
-        let boundary = self.blank_line.and_then(|blank| {
-            rfind_blank(chunk, blank)
-                .map(|at| at + blank.len())
-                .or_else(|| {
-                    rfind_blank(seam, blank)
-                        .map(|at| at + blank.len())
-                        .filter(|&end| end > tail.len())
-                        .map(|end| end - tail.len())
-                })
-        });
-        let Some(end) = boundary else {
-            self.pending_usage |= across || hit.is_some();
-            self.keep(chunk);
-            return;
-        };
-        let blank = self.blank_line.unwrap_or(b"\n\n");
-        if self.pending_usage || across {
-            // From the event kept: the usage may be in it.
-            let mut framer = Framer::default();
-            let from = if self.too_long {
-                // The dropped event ends at the chunk's first blank line.
-                memchr::memmem::find(chunk, blank).map_or(end, |at| at + blank.len())
-            } else {
-                framer.feed(&self.pending, found);
-                0
-            };
-            framer.feed(&chunk[from.min(end)..end], found);
-        } else if let Some(h) = hit.filter(|&h| h < end) {
-            // From the event the first usage object is in: the events before it hold none.
-            let from = rfind_blank(&chunk[..h], blank).map(|at| at + blank.len());
-            let mut framer = Framer::default();
-            match from {
-                Some(from) => framer.feed(&chunk[from..end], found),
-                None if self.too_long => {
-                    // The hit is in the dropped event: the events after it are read.
-                    if let Some(at) = memchr::memmem::find(&chunk[..end], blank) {
-                        framer.feed(&chunk[at + blank.len()..end], found);
-                    }
-                }
-                None => {
-                    framer.feed(&self.pending, found);
-                    framer.feed(&chunk[..end], found);
-                }
+        if !self.head_done {
+            self.read_head(chunk, found);
+        }
+        self.tail_len += chunk.len();
+        self.tail.push_back(chunk.clone());
+        while self
+            .tail
+            .front()
+            .is_some_and(|c| self.tail_len - c.len() >= MAX_EVENT)
+        {
+            if let Some(old) = self.tail.pop_front() {
+                self.tail_len -= old.len();
+                self.dropped = true;
             }
         }
-        self.pending.clear();
-        self.too_long = false;
-        self.keep(&chunk[end..]);
-        self.pending_usage = hit.is_some_and(|h| h >= end) || first_usage(&chunk[end..]).is_some();
     }
-    fn keep(&mut self, bytes: &[u8]) {
-        if self.too_long || self.pending.len() + bytes.len() > MAX_EVENT {
-            self.too_long = true;
-            self.pending = Vec::new();
-        } else {
-            self.pending.extend_from_slice(bytes);
+
+    /// The first event, framed and scanned once it has ended.
+    fn read_head(&mut self, chunk: &[u8], found: &mut [Option<u64>; 4]) {
+        let start = self.head.len().saturating_sub(3);
+        let room = MAX_EVENT.saturating_sub(self.head.len());
+        self.head.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let Some(blank) = self.blank_line else {
+            self.head_done = self.head.len() >= MAX_EVENT;
+            return;
+        };
+        match find_blank(&self.head[start..], blank) {
+            Some(at) => {
+                let end = start + at + blank.len();
+                Framer::default().feed(&self.head[..end], found);
+                self.head_done = true;
+                self.head = Vec::new();
+            }
+            None if self.head.len() >= MAX_EVENT => {
+                self.head_done = true;
+                self.head = Vec::new();
+            }
+            None => {}
         }
     }
+
+    /// The stream ended: the last event holding a usage object is read.
+    fn finish(&mut self, found: &mut [Option<u64>; 4]) {
+        let Some(blank) = self.blank_line else { return };
+        // Most often that event lies whole in the last chunk; else in the kept tail joined.
+        if let Some(last) = self.tail.back() {
+            let from_start = !self.dropped && self.tail.len() == 1;
+            if let Some(event) = last_usage_event(last, blank, from_start) {
+                Framer::default().feed(event, found);
+                return;
+            }
+        }
+        if self.tail.len() < 2 {
+            return;
+        }
+        let mut joined = Vec::with_capacity(self.tail_len);
+        for chunk in &self.tail {
+            joined.extend_from_slice(chunk);
+        }
+        if let Some(event) = last_usage_event(&joined, blank, !self.dropped) {
+            Framer::default().feed(event, found);
+        }
+    }
+}
+
+/// The last complete event in `text` that holds a usage object; `from_start` when `text`
+/// may begin with an event (no blank line before it is needed).
+fn last_usage_event<'a>(text: &'a [u8], blank: &[u8], from_start: bool) -> Option<&'a [u8]> {
+    static KEY: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(b"\"usage"));
+    let at = KEY.rfind_iter(text).find(|&at| usage_object_at(text, at))?;
+    let start = match rfind_blank(&text[..at], blank) {
+        Some(b) => b + blank.len(),
+        None if from_start => 0,
+        None => return None,
+    };
+    let end = at + find_blank(&text[at..], blank)? + blank.len();
+    Some(&text[start..end])
+}
+
+/// Where the first `blank` line starts in `text`.
+fn find_blank(text: &[u8], blank: &[u8]) -> Option<usize> {
+    let first = *blank.first()?;
+    memchr::memchr_iter(first, text).find(|&at| text[at..].starts_with(blank))
 }
 
 /// SSE framing (the WHATWG event stream): lines end at LF, CR or CRLF; a blank line ends
@@ -366,25 +389,29 @@ fn first_usage(text: &[u8]) -> Option<usize> {
     // Built once: a searcher costs more to make than most events take to search.
     static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage"));
-    KEY.find_iter(text).find(|&at| {
-        let rest = &text[at + 6..];
-        // Cut short: what follows may make it one.
-        let cut = |r: &[u8], what: &[u8]| r.len() < what.len() && what.starts_with(r);
-        let rest = match rest.strip_prefix(b"\"") {
+    KEY.find_iter(text).find(|&at| usage_object_at(text, at))
+}
+
+/// Whether the `"usage` at `at` in `text` is the key `usage` or `usageMetadata` of an
+/// object value, or may be (`text` ends first).
+fn usage_object_at(text: &[u8], at: usize) -> bool {
+    let rest = &text[at + 6..];
+    // Cut short: what follows may make it one.
+    let cut = |r: &[u8], what: &[u8]| r.len() < what.len() && what.starts_with(r);
+    let rest = match rest.strip_prefix(b"\"") {
+        Some(r) => r,
+        None if cut(rest, b"Metadata\"") => return true,
+        None => match rest.strip_prefix(b"Metadata\"") {
             Some(r) => r,
-            None if cut(rest, b"Metadata\"") => return true,
-            None => match rest.strip_prefix(b"Metadata\"") {
-                Some(r) => r,
-                None => return false,
-            },
-        };
-        // Spaces only: a line end may be the JSON going on in the event's next data line.
-        let rest = skip_spaces(rest);
-        match rest.strip_prefix(b":") {
-            Some(r) => matches!(skip_spaces(r).first(), None | Some(b'{' | b'\n' | b'\r')),
-            None => matches!(rest.first(), None | Some(b'\n' | b'\r')),
-        }
-    })
+            None => return false,
+        },
+    };
+    // Spaces only: a line end may be the JSON going on in the event's next data line.
+    let rest = skip_spaces(rest);
+    match rest.strip_prefix(b":") {
+        Some(r) => matches!(skip_spaces(r).first(), None | Some(b'{' | b'\n' | b'\r')),
+        None => matches!(rest.first(), None | Some(b'\n' | b'\r')),
+    }
 }
 
 /// A push scanner over one JSON text that records the integers at `PATHS`. Malformed
@@ -632,8 +659,9 @@ mod tests {
     fn read(content_type: &str, chunks: &[&str]) -> UsageMeter {
         let mut meter = UsageMeter::new(Some(content_type.as_bytes()));
         for chunk in chunks {
-            meter.feed(chunk.as_bytes());
+            meter.feed(&bytes::Bytes::copy_from_slice(chunk.as_bytes()));
         }
+        meter.finish();
         meter
     }
 
@@ -642,8 +670,9 @@ mod tests {
         let whole = read(content_type, &[text]).cost(format);
         let mut meter = UsageMeter::new(Some(content_type.as_bytes()));
         for b in text.as_bytes() {
-            meter.feed(std::slice::from_ref(b));
+            meter.feed(&bytes::Bytes::copy_from_slice(std::slice::from_ref(b)));
         }
+        meter.finish();
         assert_eq!(whole, meter.cost(format), "byte by byte differs: {text}");
         whole
     }
