@@ -69,7 +69,7 @@ impl Gateway {
         tls.update(&config, &metrics);
         metrics.prime(&config, previous.map(|p| &p.config), limiter.backend_name());
         Ok(Gateway {
-            routes: RouteIndex::new(&config.routes),
+            routes: RouteIndex::new(config.proxy_routes()),
             config,
             pools,
             limiter,
