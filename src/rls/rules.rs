@@ -633,7 +633,7 @@ descriptors:
         );
         assert_eq!(
             errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0}\n"),
-            ["r.yaml:4:55: `requests_per_unit` must be between 1 and 9007199254740992, found 0"]
+            ["r.yaml:4:51: `requests_per_unit` must be between 1 and 9007199254740992, found 0"]
         );
         assert_eq!(
             errors("domain: d\n  descriptors: [\n"),
