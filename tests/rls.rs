@@ -76,8 +76,14 @@ struct RlsSluice {
 }
 
 fn start_sluice(limiter: &str) -> RlsSluice {
+    start_sluice_with(limiter, &[("edge.yaml", RULES)])
+}
+
+fn start_sluice_with(limiter: &str, files: &[(&str, &str)]) -> RlsSluice {
     let rules = TempDir::new();
-    std::fs::write(rules.0.join("edge.yaml"), RULES).expect("write rules");
+    for (name, text) in files {
+        std::fs::write(rules.0.join(name), text).expect("write rules");
+    }
     let rls: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let template = format!(
         "[server]\nlisten = [\"{{listen}}\"]\nthreads = 1\n[admin]\nlisten = \"{{admin}}\"\n\
@@ -603,5 +609,110 @@ fn check_locates_yaml_errors_and_a_bad_reload_keeps_the_old_rules() {
     assert_eq!(
         still.statuses[0].limit_remaining, 4,
         "the old rules still count"
+    );
+}
+
+/// envoyproxy/ratelimit's own examples/ratelimit/config/example.yaml, unchanged.
+const UPSTREAM_EXAMPLE: &str = "---
+domain: rl
+descriptors:
+  - key: source_cluster
+    value: proxy
+    descriptors:
+      - key: destination_cluster
+        value: mock
+        rate_limit:
+          unit: minute
+          requests_per_unit: 1
+  - key: foo
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+    descriptors:
+      - key: bar
+        rate_limit:
+          unit: minute
+          requests_per_unit: 3
+      - key: bar
+        value: banned
+        rate_limit:
+          unit: minute
+          requests_per_unit: 0
+      - key: baz
+        rate_limit:
+          unit: second
+          requests_per_unit: 1
+      - key: bay
+        rate_limit:
+          unlimited: true
+      - key: baz
+        value: shady
+        rate_limit:
+          unit: minute
+          requests_per_unit: 1
+        shadow_mode: true
+  - key: qux
+    rate_limit:
+      unlimited: true
+";
+
+fn rl(entries: &[(&str, &str)]) -> Request {
+    Request {
+        domain: "rl".into(),
+        descriptors: vec![Descriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 0,
+    }
+}
+
+#[test]
+fn envoyproxy_ratelimits_own_example_works_unchanged() {
+    let s = start_sluice_with(
+        "backend = \"memory\"",
+        &[("example.yaml", UPSTREAM_EXAMPLE)],
+    );
+    let code = |entries: &[(&str, &str)]| call(s.rls, &rl(entries)).expect("answer").overall_code;
+    let nested = [("source_cluster", "proxy"), ("destination_cluster", "mock")];
+    let first = call(s.rls, &rl(&nested)).expect("answer");
+    assert_eq!(
+        first.statuses[0].current_limit,
+        Some((
+            "source_cluster_proxy.destination_cluster_mock".to_owned(),
+            1,
+            Unit::Minute
+        ))
+    );
+    assert_eq!(code(&nested), Code::OverLimit);
+    assert_eq!(code(&[("foo", "x"), ("bar", "banned")]), Code::OverLimit);
+    assert_eq!(
+        (0..4)
+            .map(|_| code(&[("foo", "x"), ("bar", "y")]))
+            .collect::<Vec<_>>(),
+        [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]
+    );
+    assert_eq!(
+        (0..3).map(|_| code(&[("foo", "x")])).collect::<Vec<_>>(),
+        [Code::Ok, Code::Ok, Code::OverLimit]
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            code(&[("foo", "x"), ("baz", "shady")]),
+            Code::Ok,
+            "shadow mode"
+        );
+        assert_eq!(code(&[("foo", "x"), ("bay", "any")]), Code::Ok, "unlimited");
+        assert_eq!(code(&[("qux", "any")]), Code::Ok, "unlimited");
+    }
+    assert_eq!(
+        s.sluice.metric(
+            "sluice_decisions_total{decision=\"shadow_rejected\",policy=\"foo.baz_shady\",route=\"rls:rl\"}"
+        ),
+        2.0
     );
 }

@@ -59,13 +59,24 @@ pub async fn should_rate_limit(gateway: &Gateway, req: &Request) -> Result<Respo
         u64::from(req.hits_addend)
     };
     let mut items: Vec<Keyed> = Vec::new();
+    let mut blocked = false;
     let mut item_of: Vec<Option<usize>> = vec![None; limits.len()];
     for (i, (descriptor, limit)) in req.descriptors.iter().zip(&limits).enumerate() {
         let Some(limit) = limit.filter(|l| !replaced.contains(l.name.as_str())) else {
             continue;
         };
         let Some(policy) = limit.policy else {
-            statuses[i].limit_remaining = u32::MAX;
+            match limit.shape {
+                rules::Shape::Limited { unit, .. } if !limit.shadow => {
+                    // `requests_per_unit: 0`: refused; all or nothing, so nothing is charged.
+                    let unit = Unit::of_seconds(unit.as_secs());
+                    statuses[i].code = Code::OverLimit;
+                    statuses[i].current_limit = Some((limit.name.clone(), 0, unit));
+                    blocked = true;
+                }
+                rules::Shape::Limited { .. } => {}
+                rules::Shape::Unlimited => statuses[i].limit_remaining = u32::MAX,
+            }
             continue;
         };
         let mut value = Vec::with_capacity(32);
@@ -91,9 +102,9 @@ pub async fn should_rate_limit(gateway: &Gateway, req: &Request) -> Result<Respo
             numbers,
         });
     }
-    if items.is_empty() {
+    if blocked || items.is_empty() {
         return Ok(Response {
-            overall_code: Code::Ok,
+            overall_code: if blocked { Code::OverLimit } else { Code::Ok },
             statuses,
         });
     }

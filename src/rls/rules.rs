@@ -40,6 +40,7 @@ pub struct Limit {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Shape {
     Unlimited,
+    /// `requests_per_unit: 0` refuses every request (no policy counts it).
     Limited {
         requests_per_unit: u64,
         unit: Duration,
@@ -236,14 +237,14 @@ impl Reader<'_> {
         }
     }
 
-    fn positive(&mut self, node: &MarkedYaml, key: &str) -> Option<u64> {
+    /// An integer from `min` to 2^53 (exact in Redis's Lua doubles, as the TOML's limits).
+    fn integer(&mut self, node: &MarkedYaml, key: &str, min: i64) -> Option<u64> {
         match &node.data {
-            // 2^53: exact in Redis's Lua doubles, as the TOML's limits.
-            YamlData::Value(Scalar::Integer(i)) if (1..=1 << 53).contains(i) => Some(*i as u64),
+            YamlData::Value(Scalar::Integer(i)) if (min..=1 << 53).contains(i) => Some(*i as u64),
             YamlData::Value(Scalar::Integer(i)) => {
                 self.at(
                     node,
-                    format!("`{key}` must be between 1 and 9007199254740992, found {i}"),
+                    format!("`{key}` must be between {min} and 9007199254740992, found {i}"),
                 );
                 None
             }
@@ -437,7 +438,8 @@ impl Reader<'_> {
                 }
             };
             let requests_per_unit = match find("requests_per_unit") {
-                Some(v) => self.positive(v, "requests_per_unit")?,
+                // 0 refuses every request, as envoyproxy/ratelimit does.
+                Some(v) => self.integer(v, "requests_per_unit", 0)?,
                 None => {
                     self.at(
                         node,
@@ -465,7 +467,7 @@ impl Reader<'_> {
                 None => Algorithm::FixedWindow,
             };
             let burst = match find("burst") {
-                Some(v) => Some(self.positive(v, "burst")?),
+                Some(v) => Some(self.integer(v, "burst", 1)?),
                 None => None,
             };
             let ban = match find("ban") {
@@ -632,8 +634,8 @@ descriptors:
             ["r.yaml:1:1: missing required key `domain`"]
         );
         assert_eq!(
-            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0}\n"),
-            ["r.yaml:4:51: `requests_per_unit` must be between 1 and 9007199254740992, found 0"]
+            errors("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n"),
+            ["r.yaml:4:51: `requests_per_unit` must be between 0 and 9007199254740992, found -1"]
         );
         assert_eq!(
             errors("domain: d\n  descriptors: [\n"),
