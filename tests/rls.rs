@@ -84,10 +84,11 @@ fn start_sluice_with(limiter: &str, files: &[(&str, &str)]) -> RlsSluice {
     for (name, text) in files {
         std::fs::write(rules.0.join(name), text).expect("write rules");
     }
+    std::fs::write(rules.0.join("token"), "t0ken\n").expect("write token");
     let rls: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let template = format!(
-        "[server]\nlisten = [\"{{listen}}\"]\nthreads = 1\n[admin]\nlisten = \"{{admin}}\"\n\
-         [limiter]\n{limiter}\n[rls]\nlisten = \"{rls}\"\nconfig = [\"{}/*.yaml\"]\n\
+        "[server]\nlisten = [\"{{listen}}\"]\nthreads = 1\n[admin]\nlisten = \"{{admin}}\"\ntoken_file = \"{0}/token\"\n\
+         [limiter]\n{limiter}\n[rls]\nlisten = \"{rls}\"\nconfig = [\"{0}/*.yaml\"]\n\
          [[routes]]\nname = \"hello\"\npath = \"/hello\"\nrespond = {{ status = 200 }}\n",
         rules.0.display()
     );
@@ -570,11 +571,46 @@ fn a_raw_client_sees_limits_remaining_resets_peeks_overrides_and_errors() {
     let after = call(s.rls, &one("generic_key", "fixed", Some(0))).expect("answer");
     assert_eq!(after.statuses[0].limit_remaining, 1);
     assert!(s.sluice.child_alive());
+
+    // The admin API names the same policy and key (one value per descriptor entry).
+    let quota = http::get(
+        s.sluice.admin,
+        "/v1/quota/generic_key_fixed?key=fixed",
+        &[("authorization", "Bearer t0ken")],
+    );
+    assert_eq!(quota.status, 200, "{}", quota.body);
+    let quota: serde_json::Value = serde_json::from_str(&quota.body).expect("json");
+    assert_eq!(
+        (quota["limit"].as_u64(), quota["remaining"].as_u64()),
+        (Some(5), Some(1))
+    );
 }
 
 #[test]
 fn check_locates_yaml_errors_and_a_bad_reload_keeps_the_old_rules() {
     let s = start_sluice("backend = \"memory\"");
+    // A rule whose name another domain's rule already has is refused where it is written.
+    let other = s._rules.0.join("other.yaml");
+    std::fs::write(
+        &other,
+        "domain: other\ndescriptors:\n  - key: k\n    rate_limit: {name: tight, unit: second, requests_per_unit: 1}\n",
+    )
+    .expect("write");
+    let out = Command::new(common::SLUICE)
+        .args(["check", "--config"])
+        .arg(&s.sluice.config)
+        .output()
+        .expect("sluice check");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:4:17: policy name \"tight\" is already used",
+            other.display()
+        )),
+        "{stderr}"
+    );
+    std::fs::remove_file(&other).expect("remove");
+
     let yaml = s._rules.0.join("edge.yaml");
     std::fs::write(
         &yaml,
