@@ -752,3 +752,39 @@ fn envoyproxy_ratelimits_own_example_works_unchanged() {
         2.0
     );
 }
+
+#[test]
+fn a_backend_failure_follows_on_error() {
+    let mut redis = RedisServer::start();
+    let limiter = |on_error: &str| {
+        format!(
+            "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"200ms\"\non_error = \"{on_error}\"",
+            redis.url()
+        )
+    };
+    let deny = start_sluice(&limiter("deny"));
+    let allow = start_sluice(&limiter("allow"));
+    let fixed = one("generic_key", "fixed", None);
+    assert_eq!(
+        call(deny.rls, &fixed).expect("answer").overall_code,
+        Code::Ok
+    );
+    redis.kill();
+    let denied = call(deny.rls, &fixed).expect("answer");
+    assert_eq!(
+        (denied.overall_code, denied.statuses[0].code),
+        (Code::OverLimit, Code::OverLimit)
+    );
+    assert_eq!(
+        call(allow.rls, &fixed).expect("answer").overall_code,
+        Code::Ok
+    );
+    assert_eq!(
+        allowed(&deny.sluice, "generic_key_fixed", "error_denied"),
+        1.0
+    );
+    assert_eq!(
+        allowed(&allow.sluice, "generic_key_fixed", "error_allowed"),
+        1.0
+    );
+}
