@@ -107,6 +107,7 @@ pub(super) fn rls(
 }
 
 /// The policy a limited rule is counted as: keyed on its descriptor's entries, in order.
+#[allow(clippy::needless_update)]
 fn policy(limit: &rules::Limit, keys: Vec<String>) -> Option<Policy> {
     let Shape::Limited {
         requests_per_unit,
@@ -142,6 +143,13 @@ fn policy(limit: &rules::Limit, keys: Vec<String>) -> Option<Policy> {
         overrides: Vec::new(),
         ban,
         metering: None,
+        // Fields not named here (none today; those a merge adds) take the plain defaults of
+        // the built-in `max_failures` policy: a rule is a plain counted policy like it.
+        ..super::auth::failures_policy(MaxFailures {
+            limit: limit_n,
+            period: unit,
+            ban,
+        })
     })
 }
 
