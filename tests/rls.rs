@@ -87,7 +87,7 @@ fn start_sluice_with(limiter: &str, files: &[(&str, &str)]) -> RlsSluice {
     std::fs::write(rules.0.join("token"), "t0ken\n").expect("write token");
     let rls: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let template = format!(
-        "[server]\nlisten = [\"{{listen}}\"]\nthreads = 1\n[admin]\nlisten = \"{{admin}}\"\ntoken_file = \"{0}/token\"\n\
+        "[server]\nlisten = [\"{{listen}}\"]\nthreads = 1\nbody_timeout = \"1s\"\n[admin]\nlisten = \"{{admin}}\"\ntoken_file = \"{0}/token\"\n\
          [limiter]\n{limiter}\n[rls]\nlisten = \"{rls}\"\nconfig = [\"{0}/*.yaml\"]\n\
          [[routes]]\nname = \"hello\"\npath = \"/hello\"\nrespond = {{ status = 200 }}\n",
         rules.0.display()
@@ -787,4 +787,37 @@ fn a_backend_failure_follows_on_error() {
         allowed(&allow.sluice, "generic_key_fixed", "error_allowed"),
         1.0
     );
+}
+
+#[test]
+fn a_call_whose_message_never_ends_gets_deadline_exceeded() {
+    let s = start_sluice("backend = \"memory\"");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let started = Instant::now();
+    let code = rt.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(s.rls)
+            .await
+            .expect("connect");
+        let (mut client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        tokio::spawn(conn);
+        let req = ::http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{}{METHOD}", s.rls))
+            .header("content-type", "application/grpc")
+            .body(())
+            .expect("request");
+        let (resp, mut send) = client.send_request(req, false).expect("send");
+        // Half a frame, and the stream left open.
+        send.send_data(Bytes::from_static(&[0, 0, 0, 0, 9, 0x0a]), false)
+            .expect("data");
+        let resp = resp.await.expect("response");
+        let code = resp.headers().get("grpc-status").cloned();
+        drop(send);
+        code
+    });
+    assert_eq!(code.as_ref().and_then(|v| v.to_str().ok()), Some("4"));
+    assert!(started.elapsed() < Duration::from_secs(5));
 }

@@ -24,6 +24,7 @@ const MAX_MESSAGE: usize = 1 << 20;
 
 /// gRPC status codes used here.
 const INVALID_ARGUMENT: u8 = 3;
+const DEADLINE_EXCEEDED: u8 = 4;
 const RESOURCE_EXHAUSTED: u8 = 8;
 const UNIMPLEMENTED: u8 = 12;
 
@@ -91,15 +92,32 @@ impl Service {
         if parts.uri.path() != PATH {
             return refuse(respond, UNIMPLEMENTED, "unknown method");
         }
-        let mut buf = BytesMut::new();
-        while let Some(chunk) = body.data().await {
-            let Ok(chunk) = chunk else { return };
-            let _ = body.flow_control().release_capacity(chunk.len());
-            if buf.len() + chunk.len() > MAX_MESSAGE + 5 {
-                return refuse(respond, RESOURCE_EXHAUSTED, "message too large");
+        // A call's message must arrive within `[server] body_timeout`, as a proxied body must.
+        let deadline = self.app.current.load().config.server.body_timeout;
+        let read = async {
+            let mut buf = BytesMut::new();
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk.map_err(|_| None)?;
+                let _ = body.flow_control().release_capacity(chunk.len());
+                if buf.len() + chunk.len() > MAX_MESSAGE + 5 {
+                    return Err(Some((RESOURCE_EXHAUSTED, "message too large")));
+                }
+                buf.extend_from_slice(&chunk);
             }
-            buf.extend_from_slice(&chunk);
-        }
+            Ok(buf)
+        };
+        let buf = match tokio::time::timeout(deadline, read).await {
+            Ok(Ok(buf)) => buf,
+            Ok(Err(Some((code, why)))) => return refuse(respond, code, why),
+            Ok(Err(None)) => return,
+            Err(_) => {
+                return refuse(
+                    respond,
+                    DEADLINE_EXCEEDED,
+                    "the message did not arrive in time",
+                )
+            }
+        };
         let message = match unframe(&buf) {
             Ok(m) => m,
             Err((code, why)) => return refuse(respond, code, why),
