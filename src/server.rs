@@ -125,6 +125,13 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
     admin.add_tcp(&config.admin.listen.to_string());
     admin.threads = Some(1);
     server.add_service(admin);
+    // Envoy's rate limit service: as many threads as the proxy, asking the same gateway.
+    if let Some(rls) = &config.rls {
+        let mut service = Service::new("rls".to_owned(), crate::rls::Service { app: app.clone() });
+        service.add_tcp(&rls.listen.to_string());
+        service.threads = Some(workers);
+        server.add_service(service);
+    }
     log::info!(
         "sluice {} serving {:?}, admin on {}",
         env!("CARGO_PKG_VERSION"),

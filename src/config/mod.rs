@@ -7,6 +7,7 @@ mod auth;
 mod certs;
 mod edge;
 mod metering;
+mod rls;
 mod tree;
 mod validate;
 pub use validate::parse_duration;
@@ -40,6 +41,28 @@ pub struct Config {
     pub consumers: Vec<Consumer>,
     /// Problems that do not stop sluice (a certificate about to expire), located like errors.
     pub warnings: Vec<ConfigError>,
+    /// `[rls]`: Envoy's rate limit service (DESIGN §13).
+    pub rls: Option<Rls>,
+}
+
+impl Config {
+    /// The routes HTTP requests are matched against: all but the `[rls]` domains' routes.
+    pub fn proxy_routes(&self) -> &[Route] {
+        let end = self
+            .rls
+            .as_ref()
+            .map_or(self.routes.len(), |r| r.first_route);
+        &self.routes[..end]
+    }
+}
+
+/// `[rls]`: the listener and the domains of its YAML files. Each limited rule is a policy
+/// (`Limit::policy`), and domain `i` is counted as route `first_route + i` (`rls:<domain>`).
+#[derive(Debug, Clone)]
+pub struct Rls {
+    pub listen: SocketAddr,
+    pub domains: Vec<crate::rls::rules::Domain>,
+    pub first_route: usize,
 }
 
 #[derive(Debug, Clone)]

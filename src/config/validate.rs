@@ -365,7 +365,7 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
         }
         policies.push(super::auth::failures_policy(max));
     }
-    let routes = match top.required("routes") {
+    let mut routes = match top.required("routes") {
         Some(node) => {
             // A route with `auth` needs somewhere for credentials to come from.
             let credentials = auth
@@ -379,6 +379,9 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
         Some(n) => tls(p, n, dir),
         None => Some(Tls::default()),
     };
+    let rls = top
+        .get("rls")
+        .and_then(|n| super::rls::rls(p, n, dir, &mut policies, &mut routes));
     let certificates_node = top.get("certificates");
     let certificates = match certificates_node {
         Some(n) => certificates(p, n, dir),
@@ -410,6 +413,7 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
         auth: auth?,
         consumers,
         warnings: Vec::new(),
+        rls,
     })
 }
 

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod clock;
 mod deny_cache;
 mod identity;
+pub mod keyed;
 pub mod memory;
 pub mod overrides;
 mod pubsub;

@@ -1,0 +1,190 @@
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over cleartext HTTP/2 (gRPC),
+//! on the `h2` crate Pingora already builds: one task per stream, so the calls Envoy
+//! multiplexes on one connection wait on the backend side by side.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use h2::server::SendResponse;
+use h2::RecvStream;
+use http::{HeaderMap, HeaderValue};
+use pingora::apps::ServerApp;
+use pingora::protocols::Stream;
+use pingora::server::ShutdownWatch;
+
+use super::decide;
+use super::proto::{Malformed, Request};
+use crate::gateway::App;
+
+const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+/// A request is a domain and a few descriptors; anything this large is not one.
+const MAX_MESSAGE: usize = 1 << 20;
+
+/// gRPC status codes used here.
+const INVALID_ARGUMENT: u8 = 3;
+const DEADLINE_EXCEEDED: u8 = 4;
+const RESOURCE_EXHAUSTED: u8 = 8;
+const UNIMPLEMENTED: u8 = 12;
+
+pub struct Service {
+    pub app: Arc<App>,
+}
+
+#[async_trait]
+impl ServerApp for Service {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let mut conn = match h2::server::Builder::new()
+            .max_concurrent_streams(1024)
+            .handshake::<_, Bytes>(stream)
+            .await
+        {
+            Ok(conn) => conn,
+            Err(e) => {
+                log::debug!("rls: HTTP/2 handshake failed: {e}");
+                return None;
+            }
+        };
+        let mut shutdown = shutdown.clone();
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                next = conn.accept() => match next {
+                    Some(Ok((req, respond))) => {
+                        let me = self.clone();
+                        tokio::spawn(async move { me.serve(req, respond).await });
+                    }
+                    Some(Err(e)) => {
+                        log::debug!("rls: connection error: {e}");
+                        break;
+                    }
+                    None => break,
+                },
+                _ = shutdown.changed(), if !closing => {
+                    closing = true;
+                    conn.graceful_shutdown();
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Counts a call as in flight (SIGTERM drains it) until dropped.
+struct InFlight<'a>(&'a App);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Service {
+    async fn serve(&self, req: http::Request<RecvStream>, respond: SendResponse<Bytes>) {
+        self.app.in_flight.fetch_add(1, Ordering::SeqCst);
+        let _in_flight = InFlight(&self.app);
+        let (parts, mut body) = req.into_parts();
+        if parts.uri.path() != PATH {
+            return refuse(respond, UNIMPLEMENTED, "unknown method");
+        }
+        // A call's message must arrive within `[server] body_timeout`, as a proxied body must.
+        let deadline = self.app.current.load().config.server.body_timeout;
+        let read = async {
+            let mut buf = BytesMut::new();
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk.map_err(|_| None)?;
+                let _ = body.flow_control().release_capacity(chunk.len());
+                if buf.len() + chunk.len() > MAX_MESSAGE + 5 {
+                    return Err(Some((RESOURCE_EXHAUSTED, "message too large")));
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Ok(buf)
+        };
+        let buf = match tokio::time::timeout(deadline, read).await {
+            Ok(Ok(buf)) => buf,
+            Ok(Err(Some((code, why)))) => return refuse(respond, code, why),
+            Ok(Err(None)) => return,
+            Err(_) => {
+                return refuse(
+                    respond,
+                    DEADLINE_EXCEEDED,
+                    "the message did not arrive in time",
+                )
+            }
+        };
+        let message = match unframe(&buf) {
+            Ok(m) => m,
+            Err((code, why)) => return refuse(respond, code, why),
+        };
+        let request = match Request::decode(message) {
+            Ok(r) => r,
+            Err(Malformed(why)) => return refuse(respond, INVALID_ARGUMENT, why),
+        };
+        let gateway = self.app.current.load_full();
+        match decide::should_rate_limit(&gateway, &request).await {
+            Ok(answer) => reply(respond, &answer.encode()),
+            Err(why) => refuse(respond, INVALID_ARGUMENT, &why),
+        }
+    }
+}
+
+/// The one message of a unary call: a 5-byte prefix (compressed flag, length) and its bytes.
+fn unframe(buf: &[u8]) -> Result<&[u8], (u8, &'static str)> {
+    let Some((prefix, message)) = buf.split_first_chunk::<5>() else {
+        return Err((INVALID_ARGUMENT, "malformed gRPC frame: short prefix"));
+    };
+    if prefix[0] != 0 {
+        return Err((UNIMPLEMENTED, "compressed messages are not supported"));
+    }
+    let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+    if len != message.len() {
+        return Err((
+            INVALID_ARGUMENT,
+            "malformed gRPC frame: length does not match, or more than one message",
+        ));
+    }
+    Ok(message)
+}
+
+fn headers() -> http::Response<()> {
+    let mut resp = http::Response::new(());
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    resp
+}
+
+fn reply(mut respond: SendResponse<Bytes>, message: &[u8]) {
+    let Ok(mut stream) = respond.send_response(headers(), false) else {
+        return;
+    };
+    let mut framed = Vec::with_capacity(5 + message.len());
+    framed.push(0);
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(message);
+    if stream.send_data(Bytes::from(framed), false).is_err() {
+        return;
+    }
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let _ = stream.send_trailers(trailers);
+}
+
+/// A trailers-only answer: the status in the response headers, no message.
+fn refuse(mut respond: SendResponse<Bytes>, code: u8, why: &str) {
+    let mut resp = headers();
+    let h = resp.headers_mut();
+    h.insert("grpc-status", HeaderValue::from(u16::from(code)));
+    let encoded = percent_encoding::utf8_percent_encode(why, percent_encoding::CONTROLS);
+    if let Ok(v) = HeaderValue::from_str(&encoded.to_string()) {
+        h.insert("grpc-message", v);
+    }
+    let _ = respond.send_response(resp, true);
+}
