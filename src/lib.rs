@@ -10,12 +10,12 @@
 //! - `limiter`: deciding a route's policies together, and settling metered charges once
 //!   responses are known (`Limiter::settle`, `Backend::adjust`); `memory` and `redis`
 //!   backends only store; `overrides` (config) and `runtime` (admin API) give a key its
-//!   numbers; `top`
-//!   the heaviest keys; `pubsub` follows a Redis channel (Sentinel switches, the fleet's
-//!   runtime changes).
+//!   numbers; `top` the heaviest keys; `pubsub` follows a Redis channel (Sentinel
+//!   switches, the fleet's runtime changes); `keyed` decides checks the caller names (RLS).
 //! - `proxy`: the Pingora proxy phases; `connection` bounds each client connection
 //!   (deadlines, per-address cap); `upstream` pools (pingora::lb selection, active and
-//!   passive health); responses.
+//!   passive health); responses; `usage` reads the tokens an LLM response reports, and a
+//!   request's own bound for `reserve = "request"`.
 //! - `gateway`: the state built from one config, swapped whole on reload.
 //! - `tls`: TLS termination: certificates by SNI, client certificates, reload.
 //! - `admin`: /metrics, /healthz, /readyz, the `/v1/` API (`api`, `consumers`, `summary`)
