@@ -9,16 +9,14 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::http::{self, read_request, Listening, Request};
+use common::http::{self, Request, Scripted};
 use common::redis::{RedisCluster, RedisServer};
 use common::Sluice;
 
-/// An LLM-style upstream. The request says what to answer:
+/// An LLM-style upstream (`llm()`). The request says what to answer:
 /// - the path picks the format: `…/openai/…`, `…/anthropic/…`, `…/gemini/…`;
 /// - `"stream": true` in the JSON body (or `alt=sse` for Gemini) asks for SSE;
 /// - `x-tokens: N`: the usage to report (input 1/4 of it, output the rest);
@@ -27,39 +25,8 @@ use common::Sluice;
 /// - `x-fail: 1`: a 503 with an error body and no usage.
 ///
 /// Every whole answer says what body it got: `x-body-sum`, the sum of its bytes.
-struct Llm {
-    addr: SocketAddr,
-    hits: Arc<AtomicUsize>,
-    _listening: Listening,
-}
-
-impl Llm {
-    fn start() -> Llm {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the upstream");
-        let hits = Arc::new(AtomicUsize::new(0));
-        let h = hits.clone();
-        let listening = Listening::serve(listener, move |conn| serve(conn, &h));
-        Llm {
-            addr: listening.addr,
-            hits,
-            _listening: listening,
-        }
-    }
-
-    fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
-    }
-}
-
-fn serve(conn: TcpStream, hits: &AtomicUsize) {
-    let mut reader = BufReader::new(conn.try_clone().expect("clone stream"));
-    let mut conn = conn;
-    while let Some(req) = read_request(&mut reader) {
-        hits.fetch_add(1, Ordering::SeqCst);
-        if !answer(&mut conn, &req) {
-            return;
-        }
-    }
+fn llm() -> Scripted {
+    Scripted::start(answer)
 }
 
 /// Answers one request; false when the connection must end.
@@ -234,7 +201,7 @@ fn units(s: &Sluice, format: &str, kind: &str) -> f64 {
 
 #[test]
 fn tokens_each_format_reports_are_charged_exactly_whole_and_streamed() {
-    let llm = Llm::start();
+    let llm = llm();
     let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
     for format in ["openai", "anthropic", "gemini"] {
         let mut spent = 0;
@@ -269,7 +236,7 @@ fn tokens_each_format_reports_are_charged_exactly_whole_and_streamed() {
 
 #[test]
 fn a_debt_from_a_long_answer_delays_the_next_requests() {
-    let llm = Llm::start();
+    let llm = llm();
     let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
     // 100 held, 1500 spent: 500 past the budget.
     let r = chat(
@@ -306,7 +273,7 @@ fn a_debt_from_a_long_answer_delays_the_next_requests() {
 
 #[test]
 fn a_cut_stream_is_charged_its_reservation_and_a_5xx_refunded() {
-    let llm = Llm::start();
+    let llm = llm();
     let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
     let r = chat(
         s.addr,
@@ -351,7 +318,7 @@ fn a_cut_stream_is_charged_its_reservation_and_a_5xx_refunded() {
 
 #[test]
 fn a_stream_reaches_the_client_event_by_event() {
-    let llm = Llm::start();
+    let llm = llm();
     let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
     let mut conn = TcpStream::connect(s.addr).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(10)))
@@ -397,7 +364,7 @@ fn a_stream_reaches_the_client_event_by_event() {
 /// 1000 and spending exactly that; ten pass, twenty are refused, whatever instance
 /// answered, and the fleet's charges add up to the limit.
 fn fleet_never_grants_more_than_the_limit(backend: &str) {
-    let llm = Llm::start();
+    let llm = llm();
     let fleet: Vec<Sluice> = (0..3)
         .map(|_| Sluice::start(&config(llm.addr, backend)))
         .collect();
@@ -469,7 +436,7 @@ fn a_fleet_on_a_redis_cluster_never_grants_more_than_the_limit() {
 
 #[test]
 fn reserve_request_holds_the_bodys_own_bound_and_sends_the_body_on_unchanged() {
-    let llm = Llm::start();
+    let llm = llm();
     let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
     let send = |body: &str, tokens: &str| {
         let headers = [

@@ -7,13 +7,11 @@
 
 mod common;
 
-use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use common::http::{self, read_request, Listening};
+use common::http::{self, Request, Scripted};
 use common::redis::RedisServer;
 use common::Sluice;
 
@@ -21,59 +19,27 @@ use common::Sluice;
 /// any other login 401; elsewhere `x-units: N` is echoed as `x-usage-units: N` (none when
 /// absent) and `x-status: S` sets the status. Each login is held 100 ms, so concurrent
 /// attempts are in flight together.
-struct Upstream {
-    addr: SocketAddr,
-    hits: Arc<AtomicUsize>,
-    _listening: Listening,
+fn upstream() -> Scripted {
+    Scripted::start(answer)
 }
 
-impl Upstream {
-    fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the upstream");
-        let hits = Arc::new(AtomicUsize::new(0));
-        let h = hits.clone();
-        let listening = Listening::serve(listener, move |conn| serve(conn, &h));
-        Upstream {
-            addr: listening.addr,
-            hits,
-            _listening: listening,
-        }
-    }
-
-    fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
-    }
-}
-
-fn serve(conn: TcpStream, hits: &AtomicUsize) {
-    let mut reader = BufReader::new(conn.try_clone().expect("clone stream"));
-    let mut conn = conn;
-    while let Some(req) = read_request(&mut reader) {
-        hits.fetch_add(1, Ordering::SeqCst);
-        let header = |name: &str| {
-            req.headers
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
-        let (status, extra) = if req.target.starts_with("/login") {
-            std::thread::sleep(Duration::from_millis(100));
-            if req.target.contains("password=right") {
-                (200, String::new())
-            } else {
-                (401, String::new())
-            }
+/// Answers one request; false when the connection must end.
+fn answer(conn: &mut TcpStream, req: &Request) -> bool {
+    let header = |name: &str| req.header(name).map(str::to_owned);
+    let (status, extra) = if req.target.starts_with("/login") {
+        std::thread::sleep(Duration::from_millis(100));
+        if req.target.contains("password=right") {
+            (200, String::new())
         } else {
-            let status = header("x-status").map_or(200, |s| s.parse().unwrap());
-            let units =
-                header("x-units").map_or(String::new(), |u| format!("x-usage-units: {u}\r\n"));
-            (status, units)
-        };
-        let resp = format!("HTTP/1.1 {status} X\r\n{extra}Content-Length: 2\r\n\r\nok");
-        if conn.write_all(resp.as_bytes()).is_err() {
-            return;
+            (401, String::new())
         }
-    }
+    } else {
+        let status = header("x-status").map_or(200, |s| s.parse().unwrap());
+        let units = header("x-units").map_or(String::new(), |u| format!("x-usage-units: {u}\r\n"));
+        (status, units)
+    };
+    let resp = format!("HTTP/1.1 {status} X\r\n{extra}Content-Length: 2\r\n\r\nok");
+    conn.write_all(resp.as_bytes()).is_ok()
 }
 
 fn config(upstream: SocketAddr, backend: &str) -> String {
@@ -112,7 +78,7 @@ fn units(s: &Sluice, kind: &str) -> f64 {
 
 #[test]
 fn successful_logins_are_refunded_and_failed_ones_counted_then_banned() {
-    let up = Upstream::start();
+    let up = upstream();
     let s = Sluice::start(&config(up.addr, "backend = \"memory\""));
     // Twenty good logins: each charged at admission and refunded by its 200.
     for _ in 0..20 {
@@ -135,7 +101,7 @@ fn successful_logins_are_refunded_and_failed_ones_counted_then_banned() {
 
 #[test]
 fn twenty_bad_attempts_at_once_reach_the_upstream_at_most_the_limit() {
-    let up = Upstream::start();
+    let up = upstream();
     let s = Sluice::start(&config(up.addr, "backend = \"memory\""));
     let addr = s.addr;
     let answers: Vec<u16> = (0..20)
@@ -159,7 +125,7 @@ fn twenty_bad_attempts_at_once_reach_the_upstream_at_most_the_limit() {
 
 #[test]
 fn header_costs_are_charged_exactly_and_a_debt_delays_the_next_requests() {
-    let up = Upstream::start();
+    let up = upstream();
     let s = Sluice::start(&config(up.addr, "backend = \"memory\""));
     // 100 units an hour, 10 held per request: 7 + 13 + 30 = 50 spent.
     for cost in [7, 13, 30] {
@@ -189,7 +155,7 @@ fn header_costs_are_charged_exactly_and_a_debt_delays_the_next_requests() {
 #[test]
 fn two_instances_on_one_redis_settle_into_one_budget() {
     let redis = RedisServer::start();
-    let up = Upstream::start();
+    let up = upstream();
     let backend = format!(
         "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"500ms\"",
         redis.url()

@@ -244,6 +244,42 @@ impl Drop for Listening {
     }
 }
 
+/// A test upstream that answers each request it reads with `answer` (false: the
+/// connection ends) and counts them.
+pub struct Scripted {
+    pub addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    _listening: Listening,
+}
+
+impl Scripted {
+    pub fn start(answer: fn(&mut TcpStream, &Request) -> bool) -> Scripted {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the upstream");
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counted = hits.clone();
+        let listening = Listening::serve(listener, move |conn| {
+            let mut reader = BufReader::new(conn.try_clone().expect("clone stream"));
+            let mut conn = conn;
+            while let Some(req) = read_request(&mut reader) {
+                counted.fetch_add(1, Ordering::SeqCst);
+                if !answer(&mut conn, &req) {
+                    return;
+                }
+            }
+        });
+        Scripted {
+            addr: listening.addr,
+            hits,
+            _listening: listening,
+        }
+    }
+
+    /// Requests read so far.
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
 /// One request as a test server reads it.
 pub struct Request {
     pub method: String,
