@@ -164,15 +164,26 @@ impl Sse {
         }
     }
 
-    /// The first event, framed and scanned once it has ended.
+    /// The first event, framed and scanned once it has ended. Only an event that spans
+    /// chunks is copied; then at most `MAX_EVENT` bytes of it.
     fn read_head(&mut self, chunk: &[u8], found: &mut [Option<u64>; 4]) {
-        let start = self.head.len().saturating_sub(3);
-        let room = MAX_EVENT.saturating_sub(self.head.len());
-        self.head.extend_from_slice(&chunk[..chunk.len().min(room)]);
         let Some(blank) = self.blank_line else {
-            self.head_done = self.head.len() >= MAX_EVENT;
+            self.keep_head(chunk);
             return;
         };
+        if self.head.is_empty() {
+            if let Some(at) = find_blank(chunk, blank) {
+                Framer::default().feed(&chunk[..at + blank.len()], found);
+                self.head_done = true;
+                return;
+            }
+            self.keep_head(chunk);
+            return;
+        }
+        // A blank line may begin in what was kept.
+        let start = self.head.len().saturating_sub(blank.len() - 1);
+        let joined = chunk.len().min(MAX_EVENT.saturating_sub(self.head.len()));
+        self.head.extend_from_slice(&chunk[..joined]);
         match find_blank(&self.head[start..], blank) {
             Some(at) => {
                 let end = start + at + blank.len();
@@ -185,6 +196,15 @@ impl Sse {
                 self.head = Vec::new();
             }
             None => {}
+        }
+    }
+
+    fn keep_head(&mut self, chunk: &[u8]) {
+        let room = MAX_EVENT.saturating_sub(self.head.len());
+        self.head.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if self.head.len() >= MAX_EVENT {
+            self.head_done = true;
+            self.head = Vec::new();
         }
     }
 
