@@ -1050,7 +1050,6 @@ fn wire_length(session: &Session) -> Option<u64> {
     Some(h1.get_headers_raw_bytes().len() as u64 + content_length(req).unwrap_or(0))
 }
 
-/// The declared body length, if any (Pingora has already rejected malformed values).
 /// The most of a body `reserve = "request"` reads (DESIGN §12); a larger one gets 413.
 const BOUND_BODY_LIMIT: u64 = 1 << 20;
 /// The most of a body read before the upstream is chosen that Pingora sends on to it (its
@@ -1082,6 +1081,7 @@ async fn request_bound(session: &mut Session) -> Result<Option<Option<u64>>> {
     Ok(Some(usage::request_bound(&body)))
 }
 
+/// The declared body length, if any (Pingora has already rejected malformed values).
 fn content_length(req: &RequestHeader) -> Option<u64> {
     req.headers
         .get(http::header::CONTENT_LENGTH)?
