@@ -47,32 +47,8 @@ impl Limiter {
             let rule = rule_of(policy, numbers);
             let enforce = policy.mode == Mode::Enforce;
             if enforce {
-                if let Some(hit) = self
-                    .deny_cache
-                    .as_ref()
-                    .and_then(|c| c.get(&key, now, &rule))
-                {
-                    self.metrics
-                        .deny_cache_hits
-                        .with_label_values(&[&policy.name])
-                        .inc();
-                    let verdict = Verdict {
-                        allowed: false,
-                        retry_after_ms: hit.retry_after_ms,
-                        reset_ms: hit.retry_after_ms,
-                        banned: hit.banned,
-                        ..Verdict::default()
-                    };
-                    results[i] = Some(PolicyOutcome {
-                        policy: item.policy,
-                        decision: if hit.banned {
-                            Decision::Banned
-                        } else {
-                            Decision::Rejected
-                        },
-                        verdict: Some(verdict),
-                        rule: Some(rule),
-                    });
+                if let Some(denied) = self.cached_denial(policy, item.policy, &key, now, rule) {
+                    results[i] = Some(denied);
                     violated.push(item.policy);
                     continue;
                 }

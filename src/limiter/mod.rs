@@ -539,34 +539,8 @@ impl Limiter {
             let enforce = policy.mode == Mode::Enforce;
             let rule = rule_of(policy, self.numbers_for(policy, &key, req));
             if enforce && policy.algorithm != Algorithm::Concurrency {
-                if let Some(hit) = self
-                    .deny_cache
-                    .as_ref()
-                    .and_then(|c| c.get(&key, now, &rule))
-                {
-                    let retry_after_ms = hit.retry_after_ms;
-                    self.metrics
-                        .deny_cache_hits
-                        .with_label_values(&[&policy.name])
-                        .inc();
-                    // Nothing is left until the key may pass again.
-                    let verdict = Verdict {
-                        allowed: false,
-                        retry_after_ms,
-                        reset_ms: retry_after_ms,
-                        banned: hit.banned,
-                        ..Verdict::default()
-                    };
-                    outcome.policies.push(PolicyOutcome {
-                        policy: id,
-                        decision: if hit.banned {
-                            Decision::Banned
-                        } else {
-                            Decision::Rejected
-                        },
-                        verdict: Some(verdict),
-                        rule: Some(rule),
-                    });
+                if let Some(denied) = self.cached_denial(policy, id, &key, now, rule) {
+                    outcome.policies.push(denied);
                     violated.push(id);
                     continue;
                 }
@@ -607,6 +581,41 @@ impl Limiter {
         self.count(route, policies, policy_ids, &outcome);
         self.feed_top(&outcome, seen);
         outcome
+    }
+
+    /// What the deny cache answers for `key` (policy `id`'s, under `rule`) when it holds a
+    /// denial: the request is refused without asking the backend (counted).
+    fn cached_denial(
+        &self,
+        policy: &Policy,
+        id: usize,
+        key: &str,
+        now: u64,
+        rule: Rule,
+    ) -> Option<PolicyOutcome> {
+        let hit = self.deny_cache.as_ref()?.get(key, now, &rule)?;
+        self.metrics
+            .deny_cache_hits
+            .with_label_values(&[&policy.name])
+            .inc();
+        // Nothing is left until the key may pass again.
+        let verdict = Verdict {
+            allowed: false,
+            retry_after_ms: hit.retry_after_ms,
+            reset_ms: hit.retry_after_ms,
+            banned: hit.banned,
+            ..Verdict::default()
+        };
+        Some(PolicyOutcome {
+            policy: id,
+            decision: if hit.banned {
+                Decision::Banned
+            } else {
+                Decision::Rejected
+            },
+            verdict: Some(verdict),
+            rule: Some(rule),
+        })
     }
 
     /// Settles the charges of one request's metered policies once its response is known:
