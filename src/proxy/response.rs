@@ -13,6 +13,8 @@ pub const GRPC: &str = "application/grpc";
 /// The gRPC status codes sluice answers with itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GrpcStatus {
+    InvalidArgument = 3,
+    DeadlineExceeded = 4,
     ResourceExhausted = 8,
     Unimplemented = 12,
     Unavailable = 14,

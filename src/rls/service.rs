@@ -17,16 +17,11 @@ use pingora::server::ShutdownWatch;
 use super::decide;
 use super::proto::{Malformed, Request};
 use crate::gateway::App;
+use crate::proxy::response::{grpc_status, GrpcStatus};
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// A request is a domain and a few descriptors; anything this large is not one.
 const MAX_MESSAGE: usize = 1 << 20;
-
-/// gRPC status codes used here.
-const INVALID_ARGUMENT: u8 = 3;
-const DEADLINE_EXCEEDED: u8 = 4;
-const RESOURCE_EXHAUSTED: u8 = 8;
-const UNIMPLEMENTED: u8 = 12;
 
 pub struct Service {
     pub app: Arc<App>,
@@ -90,7 +85,7 @@ impl Service {
         let _in_flight = InFlight(&self.app);
         let (parts, mut body) = req.into_parts();
         if parts.uri.path() != PATH {
-            return refuse(respond, UNIMPLEMENTED, "unknown method");
+            return refuse(respond, GrpcStatus::Unimplemented, "unknown method");
         }
         // A call's message must arrive within `[server] body_timeout`, as a proxied body must.
         let deadline = self.app.current.load().config.server.body_timeout;
@@ -100,7 +95,7 @@ impl Service {
                 let chunk = chunk.map_err(|_| None)?;
                 let _ = body.flow_control().release_capacity(chunk.len());
                 if buf.len() + chunk.len() > MAX_MESSAGE + 5 {
-                    return Err(Some((RESOURCE_EXHAUSTED, "message too large")));
+                    return Err(Some((GrpcStatus::ResourceExhausted, "message too large")));
                 }
                 buf.extend_from_slice(&chunk);
             }
@@ -113,7 +108,7 @@ impl Service {
             Err(_) => {
                 return refuse(
                     respond,
-                    DEADLINE_EXCEEDED,
+                    GrpcStatus::DeadlineExceeded,
                     "the message did not arrive in time",
                 )
             }
@@ -124,28 +119,34 @@ impl Service {
         };
         let request = match Request::decode(message) {
             Ok(r) => r,
-            Err(Malformed(why)) => return refuse(respond, INVALID_ARGUMENT, why),
+            Err(Malformed(why)) => return refuse(respond, GrpcStatus::InvalidArgument, why),
         };
         let gateway = self.app.current.load_full();
         match decide::should_rate_limit(&gateway, &request).await {
             Ok(answer) => reply(respond, &answer.encode()),
-            Err(why) => refuse(respond, INVALID_ARGUMENT, &why),
+            Err(why) => refuse(respond, GrpcStatus::InvalidArgument, &why),
         }
     }
 }
 
 /// The one message of a unary call: a 5-byte prefix (compressed flag, length) and its bytes.
-fn unframe(buf: &[u8]) -> Result<&[u8], (u8, &'static str)> {
+fn unframe(buf: &[u8]) -> Result<&[u8], (GrpcStatus, &'static str)> {
     let Some((prefix, message)) = buf.split_first_chunk::<5>() else {
-        return Err((INVALID_ARGUMENT, "malformed gRPC frame: short prefix"));
+        return Err((
+            GrpcStatus::InvalidArgument,
+            "malformed gRPC frame: short prefix",
+        ));
     };
     if prefix[0] != 0 {
-        return Err((UNIMPLEMENTED, "compressed messages are not supported"));
+        return Err((
+            GrpcStatus::Unimplemented,
+            "compressed messages are not supported",
+        ));
     }
     let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
     if len != message.len() {
         return Err((
-            INVALID_ARGUMENT,
+            GrpcStatus::InvalidArgument,
             "malformed gRPC frame: length does not match, or more than one message",
         ));
     }
@@ -178,13 +179,13 @@ fn reply(mut respond: SendResponse<Bytes>, message: &[u8]) {
 }
 
 /// A trailers-only answer: the status in the response headers, no message.
-fn refuse(mut respond: SendResponse<Bytes>, code: u8, why: &str) {
+fn refuse(mut respond: SendResponse<Bytes>, status: GrpcStatus, why: &str) {
     let mut resp = headers();
     let h = resp.headers_mut();
-    h.insert("grpc-status", HeaderValue::from(u16::from(code)));
-    let encoded = percent_encoding::utf8_percent_encode(why, percent_encoding::CONTROLS);
-    if let Ok(v) = HeaderValue::from_str(&encoded.to_string()) {
-        h.insert("grpc-message", v);
+    for (name, value) in grpc_status(status, why) {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(name, v);
+        }
     }
     let _ = respond.send_response(resp, true);
 }
