@@ -385,7 +385,10 @@ impl Framer {
 /// Whether `json` has a key `usage` or `usageMetadata` whose value is an object: only
 /// then can the scanner find a usage path in it.
 fn holds_usage(json: &[u8]) -> bool {
-    first_usage(json).is_some()
+    // Built once: a searcher costs more to make than most events take to search.
+    static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage"));
+    KEY.find_iter(json).any(|at| usage_object_at(json, at))
 }
 
 /// Where the last `blank` line (two line ends: LF LF, CR CR or CRLF CRLF) starts in
@@ -403,34 +406,20 @@ fn skip_spaces(r: &[u8]) -> &[u8] {
     at.map_or(&[][..], |at| &r[at..])
 }
 
-/// Where the first usage object's key starts in `text`, also when `text` ends before its
-/// value does (it may go on in the next chunk).
-fn first_usage(text: &[u8]) -> Option<usize> {
-    // Built once: a searcher costs more to make than most events take to search.
-    static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage"));
-    KEY.find_iter(text).find(|&at| usage_object_at(text, at))
-}
-
 /// Whether the `"usage` at `at` in `text` is the key `usage` or `usageMetadata` of an
-/// object value, or may be (`text` ends first).
+/// object value.
 fn usage_object_at(text: &[u8], at: usize) -> bool {
     let rest = &text[at + 6..];
-    // Cut short: what follows may make it one.
-    let cut = |r: &[u8], what: &[u8]| r.len() < what.len() && what.starts_with(r);
-    let rest = match rest.strip_prefix(b"\"") {
-        Some(r) => r,
-        None if cut(rest, b"Metadata\"") => return true,
-        None => match rest.strip_prefix(b"Metadata\"") {
-            Some(r) => r,
-            None => return false,
-        },
+    let Some(rest) = rest
+        .strip_prefix(b"\"")
+        .or_else(|| rest.strip_prefix(b"Metadata\""))
+    else {
+        return false;
     };
     // Spaces only: a line end may be the JSON going on in the event's next data line.
-    let rest = skip_spaces(rest);
-    match rest.strip_prefix(b":") {
-        Some(r) => matches!(skip_spaces(r).first(), None | Some(b'{' | b'\n' | b'\r')),
-        None => matches!(rest.first(), None | Some(b'\n' | b'\r')),
+    match skip_spaces(rest).strip_prefix(b":") {
+        Some(value) => matches!(skip_spaces(value).first(), Some(b'{' | b'\n' | b'\r')),
+        None => matches!(skip_spaces(rest).first(), Some(b'\n' | b'\r')),
     }
 }
 
