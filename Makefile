@@ -23,7 +23,7 @@ PREFIX   ?= /usr
 DESTDIR  ?=
 CONFIGS  := $(wildcard conf/*.toml)
 
-.PHONY: all deps container-test build dist dist-pgo run test lint unit check-configs ops prometheus console-screenshots bench soak install clean
+.PHONY: all deps container-test build dist dist-pgo run test lint layers docs unit check-configs ops prometheus console-screenshots bench soak install clean
 
 all: build
 
@@ -65,9 +65,20 @@ dist-pgo: deps
 run: build
 	$(SLUICE) run --config conf/sluice.toml
 
-lint:
+# `layers`: modules depend downward only, and no files import each other in a circle
+# (DESIGN §6b); the script checks itself first, so a broken check cannot pass.
+lint: layers
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --locked --all-targets -- -D warnings
+
+layers:
+	python3 scripts/check-layers.py --self-test
+	python3 scripts/check-layers.py src
+
+# Every relative link and anchor of README.md and docs/ resolves (the checker checks itself first).
+docs:
+	python3 scripts/check-docs.py --self-test
+	python3 scripts/check-docs.py
 
 # Tests run on the release build: one compile serves the binary and the tests.
 unit: build
@@ -91,7 +102,7 @@ ops: build
 prometheus: build
 	scripts/check-prometheus.sh $(SLUICE)
 
-test: deps lint unit check-configs ops prometheus
+test: deps lint docs unit check-configs ops prometheus
 
 # The image built from the Dockerfile with podman, on base images made from Debian's packages
 # (no registry is needed), started and checked from outside: /hello and its 429, /metrics, the

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::auth::Authenticator;
+use crate::clock::Clock;
 use crate::config::{self, Config};
-use crate::limiter::clock::Clock;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::proxy::upstream::{self, spawn_health_checks, Pool};
 use crate::routing::RouteIndex;
 use crate::tls::Certificates;
+use crate::upstream::{self, spawn_health_checks, Pool};
 
 pub struct Gateway {
     pub config: Config,
@@ -67,7 +67,14 @@ impl Gateway {
             None => Certificates::new(&config),
         };
         tls.update(&config, &metrics);
-        metrics.prime(&config, previous.map(|p| &p.config), limiter.backend_name());
+        let previous_config = previous.map(|p| &p.config);
+        crate::limiter::series::prime_metrics(
+            &metrics,
+            &config,
+            previous_config,
+            limiter.backend_name(),
+        );
+        crate::auth::prime_metrics(&metrics, &config, previous_config);
         Ok(Gateway {
             routes: RouteIndex::new(config.proxy_routes()),
             config,

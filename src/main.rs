@@ -53,7 +53,7 @@ fn main() -> ExitCode {
 
 /// `sluice admin …`: the answer's body on stdout; exit 1 with it on stderr if the call failed.
 fn admin(config: &config::Config, call: &sluice::cli::AdminCall) -> ExitCode {
-    match sluice::admin::client::call(&config.admin, call) {
+    match sluice::cli::admin::call(&config.admin, call) {
         Ok(answer) if (200..300).contains(&answer.status) => {
             if !answer.body.is_empty() {
                 println!("{}", answer.body);

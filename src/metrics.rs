@@ -1,29 +1,11 @@
-//! Every metric family of DESIGN §5, registered once in one registry.
+//! Every metric family of DESIGN §5, registered once in one registry, and their rendering.
+//! The series a config determines are primed by their owners (`limiter::series`,
+//! `auth::prime_metrics`); the ones fixed at start-up are primed here.
 
 use prometheus::{
     exponential_buckets, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
-
-use std::collections::{HashMap, HashSet};
-
-use crate::config::{AuthMode, Config, JwtKeys, Mode, Policy};
-
-/// Every `decision` label value of `sluice_decisions_total` (`Decision::label`).
-pub const DECISIONS: [&str; 9] = [
-    "allowed",
-    "rejected",
-    "delayed",
-    "shadow_rejected",
-    "skipped",
-    "exempt",
-    "error_allowed",
-    "error_denied",
-    "banned",
-];
-
-/// Every `kind` label value of `sluice_backend_errors_total` (`BackendError::kind`).
-pub const BACKEND_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "circuit_open"];
 
 /// The admin API's endpoints (the `endpoint` label) and the status each answers on success.
 pub const ADMIN_ENDPOINTS: [(&str, &str); 13] = [
@@ -79,16 +61,6 @@ pub struct Metrics {
     pub jwks_refresh_timestamp: GaugeVec,
     pub consumers: IntGaugeVec,
 }
-
-/// The `result` labels of `sluice_auth_total`.
-pub const AUTH_RESULTS: [&str; 6] = [
-    "ok",
-    "anonymous",
-    "missing",
-    "invalid",
-    "banned",
-    "unavailable",
-];
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
     registry
@@ -195,7 +167,7 @@ impl Metrics {
             )
             .expect("valid gauge"),
         );
-        config_last_reload_timestamp.set(unix_now());
+        config_last_reload_timestamp.set(crate::clock::unix_secs());
         let memory_keys = gauge(
             "sluice_memory_keys",
             "Keys the memory backend tracks now (the store, or the on_error = local fallback)",
@@ -380,121 +352,12 @@ impl Metrics {
         }
     }
 
-    /// Creates at 0 every series `config` determines, and removes those only `previous` had,
-    /// so `rate()` and `increase()` see the first event of each (DESIGN §5).
-    pub fn prime(&self, config: &Config, previous: Option<&Config>, backend: &str) {
-        // (route label, policy) pairs and the decisions each can produce: maps, since
-        // thousands of routes may share one label (`metrics_as`).
-        let series = |c: &Config| -> HashMap<(String, String), Vec<&'static str>> {
-            let mut out: HashMap<(String, String), Vec<&'static str>> = HashMap::new();
-            for r in &c.routes {
-                for &p in &r.policies {
-                    let policy = &c.policies[p];
-                    let decisions = out
-                        .entry((r.label().to_owned(), policy.name.clone()))
-                        .or_default();
-                    for d in policy.possible_decisions(&c.limiter.backend, c.limiter.on_error) {
-                        if !decisions.contains(&d) {
-                            decisions.push(d);
-                        }
-                    }
-                }
-            }
-            out
-        };
-        let now = series(config);
-        for ((route, policy), decisions) in &now {
-            for decision in decisions {
-                self.decisions
-                    .with_label_values(&[route.as_str(), policy.as_str(), decision])
-                    .inc_by(0);
-            }
-            self.near_limit
-                .with_label_values(&[route, policy])
-                .inc_by(0);
-        }
-        if let Some(previous) = previous {
-            for policy in &previous.policies {
-                let _ = self.policy_info.remove_label_values(&policy_labels(policy));
-            }
-        }
-        for policy in &config.policies {
-            self.policy_info
-                .with_label_values(&policy_labels(policy))
-                .set(1);
-            self.deny_cache_hits
-                .with_label_values(&[&policy.name])
-                .inc_by(0);
-        }
-        for route in config.routes.iter().filter(|r| r.auth != AuthMode::Off) {
-            for result in AUTH_RESULTS {
-                self.auth
-                    .with_label_values(&[&route.name, result])
-                    .inc_by(0);
-            }
-        }
-        for issuer in &config.auth.jwt {
-            if !matches!(issuer.keys, JwtKeys::Url(_)) {
-                self.jwks_up.with_label_values(&[&issuer.issuer]).set(1);
-            }
-        }
-        self.consumers
-            .with_label_values(&["config"])
-            .set(config.consumers.len() as i64);
-        for kind in BACKEND_ERROR_KINDS {
-            self.backend_errors
-                .with_label_values(&[backend, kind])
-                .inc_by(0);
-        }
-        let Some(previous) = previous else { return };
-        let authed = |c: &Config| -> HashSet<String> {
-            c.routes
-                .iter()
-                .filter(|r| r.auth != AuthMode::Off)
-                .map(|r| r.label().to_owned())
-                .collect()
-        };
-        let still = authed(config);
-        for label in authed(previous).difference(&still) {
-            for result in AUTH_RESULTS {
-                let _ = self.auth.remove_label_values(&[label, result]);
-            }
-        }
-        for issuer in &previous.auth.jwt {
-            if !config.auth.jwt.iter().any(|i| i.issuer == issuer.issuer) {
-                let _ = self.jwks_up.remove_label_values(&[&issuer.issuer]);
-                let _ = self
-                    .jwks_refresh_timestamp
-                    .remove_label_values(&[&issuer.issuer]);
-            }
-        }
-        for (route, policy) in series(previous).into_keys() {
-            let kept = now.get(&(route.clone(), policy.clone()));
-            for decision in DECISIONS {
-                // Gone, or no longer possible: a series that moved late goes too.
-                if kept.is_some_and(|d| d.contains(&decision)) {
-                    continue;
-                }
-                let _ = self
-                    .decisions
-                    .remove_label_values(&[&route, &policy, decision]);
-            }
-            if kept.is_none() {
-                let _ = self.near_limit.remove_label_values(&[&route, &policy]);
-            }
-        }
-        for policy in &previous.policies {
-            if !config.policies.iter().any(|p| p.name == policy.name) {
-                let _ = self.deny_cache_hits.remove_label_values(&[&policy.name]);
-            }
-        }
-    }
-
     /// Records the result of a config load attempt (start-up or SIGHUP).
     pub fn config_loaded(&self, ok: bool) {
         self.config_last_reload_successful.set(i64::from(ok));
         if ok {
-            self.config_last_reload_timestamp.set(unix_now());
+            self.config_last_reload_timestamp
+                .set(crate::clock::unix_secs());
         }
     }
 
@@ -507,20 +370,6 @@ impl Metrics {
     }
 }
 
-fn policy_labels(policy: &Policy) -> [&str; 3] {
-    let mode = match policy.mode {
-        Mode::Enforce => "enforce",
-        Mode::Shadow => "shadow",
-    };
-    [&policy.name, policy.algorithm.name(), mode]
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
@@ -530,187 +379,10 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config;
-
-    fn config(extra: &str) -> Config {
-        let text = format!(
-            r#"
-[server]
-listen = ["127.0.0.1:8080"]
-
-[policies.per_ip]
-algorithm = "gcra"
-limit = 10
-period = "1s"
-key = ["client_ip"]
-
-[policies.watch]
-algorithm = "fixed_window"
-limit = 10
-period = "1s"
-key = []
-mode = "shadow"
-
-[[routes]]
-name = "api"
-path = "/api"
-respond = {{ status = 200, body = "ok" }}
-policies = ["per_ip", "watch"]
-{extra}
-"#
-        );
-        match config::parse("test.toml", &text) {
-            Ok(c) => c,
-            Err(e) => panic!("{e}"),
-        }
-    }
-
-    fn scrape(m: &Metrics) -> String {
-        String::from_utf8(m.render()).unwrap_or_default()
-    }
-
-    #[test]
-    fn every_series_the_config_determines_starts_at_zero() {
-        let m = Metrics::new();
-        m.prime(&config(""), None, "redis");
-        let text = scrape(&m);
-        for decision in ["allowed", "shadow_rejected"] {
-            let line = format!(
-                "sluice_decisions_total{{decision=\"{decision}\",policy=\"watch\",route=\"api\"}} 0"
-            );
-            assert!(text.contains(&line), "{line} missing");
-        }
-        for want in [
-            "sluice_near_limit_total{policy=\"per_ip\",route=\"api\"} 0",
-            "sluice_config_reloads_total{result=\"failure\"} 0",
-            "sluice_config_reloads_total{result=\"success\"} 0",
-            "sluice_backend_errors_total{backend=\"redis\",kind=\"circuit_open\"} 0",
-            "sluice_deny_cache_hits_total{policy=\"watch\"} 0",
-            "sluice_policy_info{algorithm=\"fixed_window\",mode=\"shadow\",policy=\"watch\"} 1",
-            "sluice_config_last_reload_successful 1",
-            "sluice_requests_in_flight 0",
-        ] {
-            assert!(text.contains(want), "{want} missing");
-        }
-    }
-
-    #[test]
-    fn a_reload_adds_new_series_at_zero_and_drops_removed_ones() {
-        let m = Metrics::new();
-        let old = config("");
-        m.prime(&old, None, "memory");
-        let extra = r#"
-[policies.fresh]
-algorithm = "fixed_window"
-limit = 5
-period = "1s"
-key = []
-
-[[routes]]
-name = "extra"
-path = "/extra"
-respond = { status = 200, body = "ok" }
-policies = ["fresh"]
-"#;
-        let new = config(extra);
-        m.prime(&new, Some(&old), "memory");
-        let text = scrape(&m);
-        assert!(text.contains(
-            "sluice_decisions_total{decision=\"allowed\",policy=\"fresh\",route=\"extra\"} 0"
-        ));
-        m.prime(&old, Some(&new), "memory");
-        let text = scrape(&m);
-        assert!(!text.contains("route=\"extra\""), "{text}");
-        assert!(!text.contains("policy=\"fresh\""), "{text}");
-        assert!(text.contains("policy=\"watch\""));
-    }
-
-    /// DESIGN §16: a policy is primed for the decisions its settings can produce, and
-    /// routes sharing a `metrics_as` label share its series.
-    #[test]
-    fn series_exist_only_where_they_can_move() {
-        let text = r#"
-[server]
-listen = ["127.0.0.1:8080"]
-[limiter]
-backend = "redis"
-url = "redis://127.0.0.1:6379"
-on_error = "deny"
-[policies.plain]
-algorithm = "gcra"
-limit = 10
-period = "1s"
-key = ["client_ip"]
-on_error = "allow"
-[policies.every]
-algorithm = "token_bucket"
-limit = 10
-period = "1s"
-key = ["header:x-user"]
-on_exceed = "delay"
-max_delay = "1s"
-exempt = ["10.0.0.0/8"]
-ban = "1m"
-[policies.shared]
-algorithm = "fixed_window"
-limit = 10
-period = "1s"
-key = ["header:x-user"]
-on_missing = "shared"
-[[routes]]
-name = "tenant-1"
-hosts = ["one.example"]
-metrics_as = "tenants"
-respond = { status = 200 }
-policies = ["plain", "every", "shared"]
-[[routes]]
-name = "tenant-2"
-hosts = ["two.example"]
-metrics_as = "tenants"
-respond = { status = 200 }
-policies = ["plain"]
-"#;
-        let config = config::parse("t.toml", text).unwrap_or_else(|e| panic!("{e}"));
-        let m = Metrics::new();
-        m.prime(&config, None, "redis");
-        let scraped = scrape(&m);
-        let series = |policy: &str| -> Vec<String> {
-            let mut found: Vec<String> = scraped
-                .lines()
-                .filter(|l| l.starts_with("sluice_decisions_total{"))
-                .filter(|l| l.contains(&format!("policy=\"{policy}\"")))
-                .map(|l| {
-                    assert!(l.contains("route=\"tenants\""), "{l}");
-                    l.split("decision=\"")
-                        .nth(1)
-                        .and_then(|r| r.split('"').next())
-                        .unwrap_or("")
-                        .to_owned()
-                })
-                .collect();
-            found.sort();
-            found
-        };
-        assert_eq!(series("plain"), ["allowed", "error_allowed", "rejected"]);
-        assert_eq!(
-            series("every"),
-            [
-                "allowed",
-                "banned",
-                "delayed",
-                "error_denied",
-                "exempt",
-                "rejected",
-                "skipped"
-            ]
-        );
-        assert_eq!(series("shared"), ["allowed", "error_denied", "rejected"]);
-        assert!(!scraped.contains("tenant-1"), "{scraped}");
-    }
 
     #[test]
     fn process_families_are_exported() {
-        let text = scrape(&Metrics::new());
+        let text = String::from_utf8(Metrics::new().render()).unwrap_or_default();
         for family in [
             "process_cpu_seconds_total",
             "process_resident_memory_bytes",

@@ -17,9 +17,9 @@ use pingora::services::listening::Service;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::admin::Admin;
+use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::gateway::{App, Gateway};
-use crate::limiter::clock::SystemClock;
 use crate::metrics::Metrics;
 use crate::proxy::connection::Edge;
 use crate::proxy::Proxy;

@@ -1684,8 +1684,8 @@ async fn cluster_bans_across_slots_match() {
 #[tokio::test]
 async fn auth_failure_bans_and_consumer_keys_match() {
     use sluice::auth::Identity;
+    use sluice::clock::ManualClock;
     use sluice::key::RequestFacts;
-    use sluice::limiter::clock::ManualClock;
     use sluice::limiter::Limiter;
     use sluice::metrics::Metrics;
 

@@ -6,10 +6,11 @@ use http::Method;
 use serde_json::{json, Value};
 
 use super::{Answer, Call};
+use crate::clock::unix_ms;
 use crate::config::{parse_duration, Algorithm, Policy};
 use crate::gateway::Gateway;
 use crate::key;
-use crate::limiter::runtime::{unix_ms, RuntimeOverride};
+use crate::limiter::runtime::RuntimeOverride;
 use crate::limiter::NamedKey;
 
 /// Largest limit or burst: exact in Redis's Lua numbers (2^53).

@@ -3,7 +3,6 @@
 //! handlers in `api`, `consumers` and `summary`.
 
 mod api;
-pub mod client;
 mod console;
 mod consumers;
 mod summary;

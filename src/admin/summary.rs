@@ -146,7 +146,7 @@ pub fn summary(app: &App, gateway: &Gateway) -> Answer {
         200,
         json!({
             "version": env!("CARGO_PKG_VERSION"),
-            "now": unix_now(),
+            "now": crate::clock::unix_secs(),
             "config": app.config_path.display().to_string(),
             "backend": gateway.limiter.backend_name(),
             "reload": {
@@ -161,12 +161,6 @@ pub fn summary(app: &App, gateway: &Gateway) -> Answer {
             "certificates": certificates,
         }),
     )
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 #[cfg(test)]

@@ -253,7 +253,7 @@ mod tests {
     const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
 
     fn now() -> u64 {
-        crate::limiter::runtime::unix_ms() / 1000
+        crate::clock::unix_ms() / 1000
     }
 
     fn issuer(keys: Keys, algorithms: Vec<Algorithm>) -> Issuer {

@@ -9,14 +9,14 @@ pub mod jwks;
 pub mod jwt;
 pub mod ring_provider;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use http::HeaderMap;
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
 
-use crate::config::{self, AuthMode, KeyPart, ANONYMOUS};
+use crate::config::{self, AuthMode, JwtKeys, KeyPart, ANONYMOUS};
 use crate::metrics::Metrics;
 use consumers::{Directory, Named, RuntimeConsumers};
 use jwks::UrlSource;
@@ -92,6 +92,65 @@ impl Outcome {
     }
 }
 
+/// The `result` labels of `sluice_auth_total`.
+pub const AUTH_RESULTS: [&str; 6] = [
+    "ok",
+    "anonymous",
+    "missing",
+    "invalid",
+    "banned",
+    "unavailable",
+];
+
+/// Creates at 0 every auth series `config` determines (`sluice_auth_total` of each route
+/// with auth, `sluice_jwks_up` of issuers with fixed keys, `sluice_consumers{source="config"}`),
+/// and removes those only `previous` had (DESIGN §5).
+pub fn prime_metrics(
+    metrics: &Metrics,
+    config: &config::Config,
+    previous: Option<&config::Config>,
+) {
+    for route in config.routes.iter().filter(|r| r.auth != AuthMode::Off) {
+        for result in AUTH_RESULTS {
+            metrics
+                .auth
+                .with_label_values(&[&route.name, result])
+                .inc_by(0);
+        }
+    }
+    for issuer in &config.auth.jwt {
+        if !matches!(issuer.keys, JwtKeys::Url(_)) {
+            metrics.jwks_up.with_label_values(&[&issuer.issuer]).set(1);
+        }
+    }
+    metrics
+        .consumers
+        .with_label_values(&["config"])
+        .set(config.consumers.len() as i64);
+    let Some(previous) = previous else { return };
+    let authed = |c: &config::Config| -> HashSet<String> {
+        c.routes
+            .iter()
+            .filter(|r| r.auth != AuthMode::Off)
+            .map(|r| r.label().to_owned())
+            .collect()
+    };
+    let still = authed(config);
+    for label in authed(previous).difference(&still) {
+        for result in AUTH_RESULTS {
+            let _ = metrics.auth.remove_label_values(&[label, result]);
+        }
+    }
+    for issuer in &previous.auth.jwt {
+        if !config.auth.jwt.iter().any(|i| i.issuer == issuer.issuer) {
+            let _ = metrics.jwks_up.remove_label_values(&[&issuer.issuer]);
+            let _ = metrics
+                .jwks_refresh_timestamp
+                .remove_label_values(&[&issuer.issuer]);
+        }
+    }
+}
+
 /// Which credentials a request presented.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Presented {
@@ -156,7 +215,7 @@ pub struct Authenticator {
     /// The `auth_failures` policy's index among the config's policies (`max_failures`).
     failures: Option<usize>,
     /// `sluice_auth_total` of each route (by index), one counter per result in the order of
-    /// `metrics::AUTH_RESULTS`, resolved once per config: no label lookup per request.
+    /// `AUTH_RESULTS`, resolved once per config: no label lookup per request.
     counters: Vec<Vec<prometheus::IntCounter>>,
 }
 
@@ -188,7 +247,7 @@ impl Authenticator {
                     if r.auth == AuthMode::Off {
                         return Vec::new();
                     }
-                    crate::metrics::AUTH_RESULTS
+                    AUTH_RESULTS
                         .iter()
                         .map(|result| metrics.auth.with_label_values(&[r.label(), result]))
                         .collect()
@@ -203,11 +262,9 @@ impl Authenticator {
         }
     }
 
-    /// Counts one request of route `route` with `result` (one of `metrics::AUTH_RESULTS`).
+    /// Counts one request of route `route` with `result` (one of `AUTH_RESULTS`).
     pub fn count(&self, route: usize, result: &str) {
-        let at = crate::metrics::AUTH_RESULTS
-            .iter()
-            .position(|r| *r == result);
+        let at = AUTH_RESULTS.iter().position(|r| *r == result);
         if let Some(counter) = at.and_then(|i| self.counters.get(route)?.get(i)) {
             counter.inc();
         }
@@ -314,7 +371,7 @@ impl Authenticator {
 
     fn by_token(&self, token: &str) -> Result<Identity, Failure> {
         let digest = consumers::digest(token.as_bytes());
-        let now_s = crate::limiter::runtime::unix_ms() / 1000;
+        let now_s = crate::clock::unix_ms() / 1000;
         if let Some(identity) = self.cache.get(&digest, now_s) {
             return Ok(identity);
         }

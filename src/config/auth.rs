@@ -1,15 +1,94 @@
-//! `[auth]`, `[[auth.jwt]]`, `[[consumers]]` and `consumer_files` (DESIGN §11), checked into
-//! the model with every problem located.
+//! `[auth]`, `[[auth.jwt]]`, `[[consumers]]` and `consumer_files` (DESIGN §11): their types
+//! and readers, with every problem located (a consumer file's in its own file).
 
 use std::collections::HashSet;
 use std::num::NonZeroU64;
 use std::path::Path;
 use std::time::Duration;
 
-use super::edge::header_name;
+use super::jwks::KeySet;
+use super::limiter::OnError;
+use super::policies::{key_part, Algorithm, KeyPart, Mode, OnMissing, Policy};
+use super::read::{check_name, glob, header_name, located_in, Problems, Table};
 use super::tree::{self, Node, Spanned};
-use super::validate::{check_name, key_part, Problems, Table};
-use super::*;
+
+/// `[auth]`: where credentials come from and what the upstream is told.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    /// `header:NAME` / `query:NAME` sources of an API key, tried in order.
+    pub api_key: Vec<KeyPart>,
+    /// Parsed once: set on every authenticated request.
+    pub consumer_header: http::HeaderName,
+    pub plan_header: http::HeaderName,
+    pub strip_headers: Vec<http::HeaderName>,
+    pub hide_credentials: bool,
+    pub max_failures: Option<MaxFailures>,
+    pub jwt: Vec<JwtIssuer>,
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Auth {
+            api_key: vec![KeyPart::Header("x-api-key".into())],
+            consumer_header: http::HeaderName::from_static("x-consumer"),
+            plan_header: http::HeaderName::from_static("x-consumer-plan"),
+            strip_headers: Vec::new(),
+            hide_credentials: false,
+            max_failures: None,
+            jwt: Vec::new(),
+        }
+    }
+}
+
+/// `max_failures`: an address that presents `limit` invalid credentials within `period`
+/// is refused for `ban`. Counted by the policy `AUTH_FAILURES`, appended to the policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxFailures {
+    pub limit: NonZeroU64,
+    pub period: Duration,
+    pub ban: Duration,
+}
+
+/// The policy that counts invalid credentials per address (`max_failures`): visible in the
+/// admin API, so an operator can read and reset an address's ban.
+pub const AUTH_FAILURES: &str = "auth_failures";
+
+/// The plan of a request without a verified consumer; no consumer may have it.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// One `[[consumers]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumer {
+    pub name: String,
+    pub plan: Option<String>,
+    /// SHA-256 digests of its API keys.
+    pub keys: Vec<[u8; 32]>,
+}
+
+/// One `[[auth.jwt]]` issuer.
+#[derive(Debug, Clone)]
+pub struct JwtIssuer {
+    pub issuer: String,
+    pub audiences: Vec<String>,
+    pub algorithms: Vec<jsonwebtoken::Algorithm>,
+    pub keys: JwtKeys,
+    pub jwks_refresh: Duration,
+    pub unknown_kid_refetch: Duration,
+    pub leeway: Duration,
+    pub consumer_claim: String,
+    pub plan_claim: Option<String>,
+}
+
+/// Where an issuer's verification keys come from.
+#[derive(Debug, Clone)]
+pub enum JwtKeys {
+    /// `jwks_file`, read and checked at load (and on every reload).
+    Jwks(KeySet),
+    /// `jwks_url`, fetched by the running process.
+    Url(String),
+    /// `secret_file`'s bytes (HMAC).
+    Secret(Vec<u8>),
+}
 
 /// Consumer names and key digests seen so far, across the config and its consumer files.
 #[derive(Default)]
@@ -249,7 +328,7 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
                 t.string("jwks_file").and_then(|s| {
                     let read = std::fs::read(dir.join(&s.value))
                         .map_err(|e| format!("cannot read {}: {e}", s.value))
-                        .and_then(|text| crate::auth::jwks::KeySet::parse(&text, &allowed));
+                        .and_then(|text| KeySet::parse(&text, &allowed));
                     match read {
                         Ok(set) => Some(JwtKeys::Jwks(set)),
                         Err(e) => {
@@ -362,10 +441,7 @@ fn consumer(p: &Problems, node: &Spanned<Node>, seen: &mut Seen) -> Option<Consu
     }
     let mut keys = Vec::new();
     for s in t.strings("keys").unwrap_or_default() {
-        let digest = s
-            .value
-            .strip_prefix("sha256:")
-            .and_then(crate::auth::consumers::parse_hex);
+        let digest = s.value.strip_prefix("sha256:").and_then(parse_hex);
         match digest {
             Some(d) if !seen.digests.insert(d) => {
                 p.at(&s.span, "duplicate key digest (each key belongs to one consumer)")
@@ -402,7 +478,7 @@ pub(super) fn consumer_files(
         let Node::Str(text) = &pattern.value else {
             continue;
         };
-        let files = match expand(&dir.join(text)) {
+        let files = match glob(&dir.join(text)) {
             Ok(files) => files,
             Err(e) => {
                 p.at(&pattern.span, format!("`consumer_files`: {text}: {e}"));
@@ -440,61 +516,20 @@ pub(super) fn consumer_files(
     out
 }
 
-/// The files matching `pattern`, sorted; a pattern without `*` names one file.
-fn expand(pattern: &Path) -> Result<Vec<std::path::PathBuf>, String> {
-    let name = pattern.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    if !name.contains('*') {
-        return Ok(vec![pattern.to_path_buf()]);
+/// 64 lowercase hex digits (a consumer key's `sha256`) into a digest.
+pub fn parse_hex(text: &str) -> Option<[u8; 32]> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 64 {
+        return None;
     }
-    let parent = pattern.parent().unwrap_or(Path::new("."));
-    let entries =
-        std::fs::read_dir(parent).map_err(|e| format!("cannot list {}: {e}", parent.display()))?;
-    let pieces: Vec<&str> = name.split('*').collect();
-    let mut files: Vec<_> = entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_file())
-        .filter(|e| e.file_name().to_str().is_some_and(|n| wildcard(&pieces, n)))
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
-/// Whether `name` is the pieces of a pattern split at `*`, with anything between them.
-fn wildcard(pieces: &[&str], name: &str) -> bool {
-    let (first, rest) = match pieces.split_first() {
-        Some(x) => x,
-        None => return name.is_empty(),
+    let nibble = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
     };
-    let Some(mut left) = name.strip_prefix(first) else {
-        return false;
-    };
-    let Some((last, middle)) = rest.split_last() else {
-        return left.is_empty();
-    };
-    for piece in middle {
-        match left.find(piece) {
-            Some(at) => left = &left[at + piece.len()..],
-            None => return false,
-        }
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
     }
-    left.len() >= last.len() && left.ends_with(last)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::wildcard;
-
-    #[test]
-    fn wildcards_match_any_characters() {
-        let p = |s: &str| s.split('*').map(str::to_owned).collect::<Vec<_>>();
-        let m = |pat: &str, name: &str| {
-            wildcard(&p(pat).iter().map(String::as_str).collect::<Vec<_>>(), name)
-        };
-        assert!(m("*.toml", "acme.toml"));
-        assert!(!m("*.toml", "acme.toml.bak"));
-        assert!(m("team-*-prod.toml", "team-a-prod.toml"));
-        assert!(!m("team-*-prod.toml", "team-a-dev.toml"));
-        assert!(m("*", "x"));
-    }
+    Some(out)
 }

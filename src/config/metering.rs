@@ -1,9 +1,54 @@
 //! Charging from the response (DESIGN §12): a policy's `count`, `cost` (a table),
 //! `reserve` and `max_reserve`, read into how its charge is settled.
 
+use super::read::{header_name, Problems, Table};
 use super::tree::{Node, Spanned};
-use super::validate::{Problems, Table};
-use super::{Algorithm, Metering, Reserve, StatusRange, UsageFormat};
+
+/// How a policy's charge is settled from the response (DESIGN §12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Metering {
+    /// `count = { status = [...] }`: the charge stands when the status is listed, else
+    /// it is refunded.
+    Status(Vec<StatusRange>),
+    /// `cost = { header = NAME }`: the response's integer header is the cost.
+    Header(http::HeaderName),
+    /// `cost = { usage = FORMAT }`: the tokens the response's body reports.
+    Usage(UsageFormat),
+}
+
+/// Statuses `low..=high`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusRange {
+    pub low: u16,
+    pub high: u16,
+}
+
+impl Metering {
+    /// `count`: whether a response with `status` keeps its charge.
+    pub fn counts(&self, status: u16) -> bool {
+        match self {
+            Metering::Status(ranges) => ranges.iter().any(|r| (r.low..=r.high).contains(&status)),
+            _ => true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageFormat {
+    OpenAi,
+    Anthropic,
+    Gemini,
+}
+
+/// `reserve`: units held at admission for a response's cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserve {
+    Units(u64),
+    /// `"request"`: the request's own upper bound, at most `most` (`max_reserve`).
+    Request {
+        most: u64,
+    },
+}
 
 /// The request's upper bound when `reserve = "request"` finds none in the body.
 const DEFAULT_MAX_RESERVE: u64 = 4096;
@@ -11,13 +56,8 @@ const DEFAULT_MAX_RESERVE: u64 = 4096;
 /// The policy's metering, if it charges from the response, the units it holds at
 /// admission (`reserve`, or for `count` the policy's `cost`), and with `reserve =
 /// "request"` its `max_reserve`. `cost` is the policy's integer `cost` as already read (1
-/// when absent).
-pub(super) fn metering(
-    p: &Problems,
-    t: &Table,
-    algorithm: Option<Algorithm>,
-    cost: u64,
-) -> (Option<Metering>, u64, Option<u64>) {
+/// when absent). Whether the policy's algorithm can be metered is checked by the policy.
+pub(super) fn metering(p: &Problems, t: &Table, cost: u64) -> (Option<Metering>, u64, Option<u64>) {
     let count = t.get("count").and_then(|node| count(p, node));
     let from_response = match t.get("cost") {
         Some(
@@ -60,18 +100,6 @@ pub(super) fn metering(
         }
         _ => cost,
     };
-    if let (Some(_), Some(Algorithm::Concurrency | Algorithm::LeakyBucket)) = (&metering, algorithm)
-    {
-        let key = if t.get("count").is_some() {
-            "count"
-        } else {
-            "cost"
-        };
-        p.at(
-            &t.key_span(key),
-            "charging from the response works with fixed_window, sliding_window, sliding_log, token_bucket and gcra (concurrency counts requests in flight; leaky_bucket has already shaped the request)",
-        );
-    }
     (metering, held, request)
 }
 
@@ -171,7 +199,7 @@ fn cost_source(p: &Problems, node: &Spanned<Node>) -> Option<Metering> {
     let t = Table::new(p, "`cost`", node)?;
     let header = t
         .string("header")
-        .and_then(|name| super::edge::header_name(p, &name, "header"));
+        .and_then(|name| header_name(p, &name, "header"));
     let usage = t.choice(
         "usage",
         &[

@@ -1,15 +1,26 @@
-//! `[rls]` (DESIGN §13): the listener, and envoyproxy/ratelimit's YAML files turned into
-//! policies (one per rule) and routes (one per domain, `rls:<domain>`) of the one model.
+//! `[rls]` (DESIGN §13): the listener and the ratelimit YAML files it names; each limited
+//! rule becomes a policy and each domain a route (`rls:<domain>`).
 
 use std::net::SocketAddr;
 use std::num::NonZeroU64;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use super::auth::{failures_policy, MaxFailures};
+use super::policies::{KeyPart, Mode, OnMissing, Policy};
+use super::ratelimit::{self as rules, Shape};
+use super::read::{self, ConfigError, Problems, Table};
+use super::routes::{AuthMode, HeaderRules, PathMatch, Route, Target};
 use super::tree::{Node, Spanned};
-use super::validate::{Problems, Table};
-use super::*;
-use crate::rls::rules::{self, Shape};
+
+/// `[rls]`: the listener and the domains of its YAML files. Each limited rule is a policy
+/// (`Limit::policy`), and domain `i` is counted as route `first_route + i` (`rls:<domain>`).
+#[derive(Debug, Clone)]
+pub struct Rls {
+    pub listen: SocketAddr,
+    pub domains: Vec<rules::Domain>,
+    pub first_route: usize,
+}
 
 pub(super) fn rls(
     p: &Problems,
@@ -40,7 +51,10 @@ pub(super) fn rls(
     t.finish();
     let mut files = Vec::new();
     for glob in &globs {
-        match expand(&dir.join(&glob.value)) {
+        match read::glob(&dir.join(&glob.value)).map(|mut found| {
+            found.retain(|f| f.is_file());
+            found
+        }) {
             Ok(found) if found.is_empty() => p.at(
                 &glob.span,
                 format!("`config`: no file matches \"{}\"", glob.value),
@@ -145,7 +159,7 @@ fn policy(limit: &rules::Limit, keys: Vec<String>) -> Option<Policy> {
         metering: None,
         // Fields not named here (none today; those a merge adds) take the plain defaults of
         // the built-in `max_failures` policy: a rule is a plain counted policy like it.
-        ..super::auth::failures_policy(MaxFailures {
+        ..failures_policy(MaxFailures {
             limit: limit_n,
             period: unit,
             ban,
@@ -174,63 +188,5 @@ fn route_for(domain: &str) -> Route {
         strip_prefix: false,
         request_headers: HeaderRules::default(),
         response_headers: HeaderRules::default(),
-    }
-}
-
-/// The files `pattern` names: `*` and `?` in its last component match within one
-/// directory, as the shell's globs do (hidden files only when the pattern starts with `.`).
-fn expand(pattern: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let name = pattern
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    if !name.contains(['*', '?']) {
-        return Ok(if pattern.is_file() {
-            vec![pattern.to_owned()]
-        } else {
-            Vec::new()
-        });
-    }
-    let dir = match pattern.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(&dir)? {
-        let entry = entry?;
-        let file = entry.file_name().to_string_lossy().into_owned();
-        if file.starts_with('.') && !name.starts_with('.') {
-            continue;
-        }
-        if wildcard(name.as_bytes(), file.as_bytes()) && entry.path().is_file() {
-            out.push(entry.path());
-        }
-    }
-    Ok(out)
-}
-
-fn wildcard(pattern: &[u8], text: &[u8]) -> bool {
-    match (pattern.first(), text.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => {
-            wildcard(&pattern[1..], text) || (!text.is_empty() && wildcard(pattern, &text[1..]))
-        }
-        (Some(b'?'), Some(_)) => wildcard(&pattern[1..], &text[1..]),
-        (Some(a), Some(b)) if a == b => wildcard(&pattern[1..], &text[1..]),
-        _ => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::wildcard;
-
-    #[test]
-    fn globs_match_like_the_shell() {
-        assert!(wildcard(b"*.yaml", b"a.yaml"));
-        assert!(wildcard(b"rl-?.yaml", b"rl-1.yaml"));
-        assert!(!wildcard(b"*.yaml", b"a.yml"));
-        assert!(wildcard(b"*", b""));
-        assert!(!wildcard(b"a*b", b"ac"));
     }
 }

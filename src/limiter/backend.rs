@@ -33,6 +33,9 @@ pub struct Adjustment {
     pub amount: i64,
 }
 
+/// Every `kind` label value of `sluice_backend_errors_total` (`BackendError::kind`).
+pub const BACKEND_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "circuit_open"];
+
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum BackendError {
     #[error("timed out")]

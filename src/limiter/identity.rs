@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::backend::BackendError;
 use super::{runtime, Limiter};
 use crate::auth::consumers::{self, RuntimeConsumer, RuntimeConsumers};
+use crate::clock::unix_ms;
 use crate::config::Policy;
 use crate::key::{self, RequestFacts};
 
@@ -30,7 +31,7 @@ impl Limiter {
             return None;
         }
         let key = self.failure_key(policy, client_ip);
-        self.shared.auth_banned(&key, runtime::unix_ms())
+        self.shared.auth_banned(&key, unix_ms())
     }
 
     /// Counts one invalid credential from the request's address against `policies[id]`
@@ -62,7 +63,7 @@ impl Limiter {
             verdict.retry_after_ms.max(1)
         };
         let key = self.failure_key(policy, req.client_ip);
-        let until = runtime::unix_ms() + ban_ms;
+        let until = unix_ms() + ban_ms;
         self.shared.auth_ban(&key, until);
         let message = format!("{}{until} {key}", runtime::BAN);
         if let Err(e) = self.announce(&message).await {

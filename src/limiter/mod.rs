@@ -6,7 +6,6 @@
 
 pub mod algorithm;
 pub mod backend;
-pub mod clock;
 mod deny_cache;
 mod identity;
 pub mod keyed;
@@ -16,6 +15,7 @@ mod pubsub;
 pub mod redis;
 pub mod runtime;
 mod scripts;
+pub mod series;
 pub mod top;
 
 use std::hash::BuildHasher;
@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use algorithm::{Rule, Verdict};
 use backend::{Adjustment, Backend, BackendError, Check};
-use clock::Clock;
 use deny_cache::DenyCache;
 
 /// Hashes client-chosen keys in process (memory shards, the top sketch): fast, and seeded
@@ -35,6 +34,7 @@ static KEY_HASHER: LazyLock<foldhash::fast::FixedState> =
     LazyLock::new(|| foldhash::fast::FixedState::with_seed(rand::random()));
 use memory::MemoryBackend;
 
+use crate::clock::Clock;
 use crate::config::{self, Algorithm, Mode, Numbers, OnError, OnMissing, Policy};
 use crate::key::{self, RequestFacts};
 use crate::metrics::Metrics;
@@ -43,8 +43,21 @@ use crate::metrics::Metrics;
 const BREAKER_THRESHOLD: u32 = 3;
 const BREAKER_OPEN: Duration = Duration::from_millis(500);
 
+/// Every `decision` label value of `sluice_decisions_total` (`Decision::label`).
+pub const DECISIONS: [&str; 9] = [
+    "allowed",
+    "rejected",
+    "delayed",
+    "shadow_rejected",
+    "skipped",
+    "exempt",
+    "error_allowed",
+    "error_denied",
+    "banned",
+];
+
 /// How one policy came out for one request (the `decision` metric label). In the order of
-/// `metrics::DECISIONS`, so `decision as usize` indexes it.
+/// `DECISIONS`, so `decision as usize` indexes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     Allowed,
@@ -383,10 +396,13 @@ impl Limiter {
                     .map(|&id| {
                         let policy = &cfg.policies[id];
                         let labels = [route.label(), policy.name.as_str()];
-                        let possible =
-                            policy.possible_decisions(&settings.backend, settings.on_error);
+                        let possible = series::possible_decisions(
+                            policy,
+                            &settings.backend,
+                            settings.on_error,
+                        );
                         PolicyCounters {
-                            decisions: crate::metrics::DECISIONS
+                            decisions: DECISIONS
                                 .iter()
                                 .map(|d| {
                                     let cell = std::sync::OnceLock::new();
@@ -1213,7 +1229,7 @@ policies = ["bucket", "window"]
             Decision::ErrorDenied,
             Decision::Banned,
         ] {
-            assert_eq!(crate::metrics::DECISIONS[d as usize], d.label());
+            assert_eq!(DECISIONS[d as usize], d.label());
         }
     }
 
@@ -1232,7 +1248,7 @@ policies = ["bucket", "window"]
         let per_ip = "[policies.per_ip]\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\nkey = [\"client_ip\"]\n";
         let global = "[policies.global]\nalgorithm = \"fixed_window\"\nlimit = 10\nperiod = \"1s\"\nkey = []\n";
         let metrics = Arc::new(Metrics::new());
-        let clock: Arc<dyn Clock> = Arc::new(clock::SystemClock);
+        let clock: Arc<dyn Clock> = Arc::new(crate::clock::SystemClock);
         let first = config(per_ip, "\"per_ip\"");
         let limiter = Limiter::new(&first, None, &[], clock.clone(), metrics.clone())
             .await

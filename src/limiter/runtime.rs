@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::backend::{Backend, Listener};
 use super::deny_cache::DenyCache;
 use crate::auth::consumers::{RuntimeConsumer, RuntimeConsumers};
+use crate::clock::unix_ms;
 use crate::config::Numbers;
 
 /// One runtime override, as stored (JSON in the fleet's hash) and shown by the admin API.
@@ -44,13 +45,6 @@ impl RuntimeOverride {
             burst: NonZeroU64::new(self.burst)?,
         })
     }
-}
-
-/// Wall-clock Unix ms: override deadlines are compared across instances.
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What survives reloads: the runtime overrides by storage key, and the deny cache that

@@ -1,8 +1,6 @@
 //! The Pingora proxy: route, decide in `request_filter`, forward, count in `logging`.
 
 pub mod connection;
-pub mod response;
-pub mod upstream;
 pub mod usage;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -26,7 +24,9 @@ use crate::config::{
 use crate::gateway::{App, Gateway};
 use crate::key::{self, RequestFacts};
 use crate::limiter::{Charge, Lease, PolicyOutcome, Settled};
+use crate::response;
 use crate::routing::{self, UNMATCHED};
+use crate::upstream;
 use connection::ClientConn;
 use usage::UsageMeter;
 
@@ -1115,7 +1115,7 @@ fn access_log(
         .collect();
     let line = match format {
         AccessLog::Json => serde_json::json!({
-            "ts": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+            "ts": crate::clock::unix_secs(),
             "client_ip": ctx.client_ip.to_string(),
             "protocol": if session.is_http2() { "h2" } else { "http1" },
             "method": req.method.as_str(),
@@ -1129,7 +1129,10 @@ fn access_log(
         })
         .to_string(),
         _ => {
-            let d: Vec<String> = decisions.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
+            let d: Vec<String> = decisions
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect();
             format!(
                 "{} {} {} route={route} consumer={} request_id={} status={status} duration_ms={:.3} decisions={}",
                 ctx.client_ip,

@@ -17,7 +17,7 @@ use pingora::server::ShutdownWatch;
 use super::decide;
 use super::proto::{Malformed, Request};
 use crate::gateway::App;
-use crate::proxy::response::{grpc_status, GrpcStatus};
+use crate::response::{grpc_status, GrpcStatus};
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// A request is a domain and a few descriptors; anything this large is not one.

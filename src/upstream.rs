@@ -1,4 +1,5 @@
-//! Upstream server pools: choosing a server, active and passive health, `sluice_upstream_health`.
+//! Upstream server pools: resolving their servers once per config, choosing one per request,
+//! active and passive health, `sluice_upstream_health`.
 //!
 //! Selection and active checks are Pingora's (`pingora::lb`): `LoadBalancer` with
 //! `RoundRobin`, `Random` or `Consistent` (ketama, so a server leaving moves only its own

@@ -1,4 +1,6 @@
-//! The command line: `sluice run`, `sluice check` and `sluice admin …`.
+//! The command line: `sluice run`, `sluice check` and `sluice admin …` (its client: `admin`).
+
+pub mod admin;
 
 use std::path::PathBuf;
 

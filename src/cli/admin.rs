@@ -1,5 +1,5 @@
-//! `sluice admin …`: the `/v1/` API of a running sluice for operators, with the admin
-//! address and token taken from the config file, so nobody hand-writes curl calls.
+//! The `sluice admin …` client: calls the `/v1/` API of a running sluice for operators, with
+//! the admin address and token taken from the config file, so nobody hand-writes curl calls.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};

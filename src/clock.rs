@@ -1,4 +1,6 @@
-//! Where the limiter gets the time: the system clock, or a manual one in tests.
+//! The crate's one source of time: the `Clock` the limiter decides by (the system's, or a
+//! manual one in tests), and the wall-clock Unix readings everything else takes (override and
+//! ban deadlines compared across instances, token expiry, timestamps written out).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -12,9 +14,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
+        unix_ms()
     }
 }
 
@@ -39,4 +39,18 @@ impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
     }
+}
+
+/// Wall-clock Unix milliseconds (0 before the epoch).
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Wall-clock Unix seconds with their fraction (0 before the epoch): timestamps written out.
+pub fn unix_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
