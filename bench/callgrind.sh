@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Instructions per proxied request, counted by callgrind: a figure this noisy machine cannot
+# blur (the same binary, config and requests give the same count whatever else runs).
+#
+# Usage: bench/callgrind.sh SLUICE [BASELINE_SLUICE]
+#
+# For each case (sluice without a policy; sluice with one memory gcra policy per client IP;
+# nginx proxying the same request as the reference), the proxy runs under
+# `valgrind --tool=callgrind` twice: once serving N requests, once 2N, all GET / over one
+# keep-alive connection to an nginx upstream that answers `return 200 "ok\n"`. The figure
+# is (instructions at 2N - instructions at N) / N: start-up, the readiness probe and shutdown
+# cancel out. sluice runs with `threads = 1`, nginx with one worker and no master; every
+# thread of the process is counted. With BASELINE_SLUICE, its rows run beside this build's
+# and the report adds the ratio.
+#
+# Environment (defaults in brackets):
+#   REQUESTS [2000]   N
+#   OUT [bench/results/callgrind.md]   where the Markdown report is written
+#   KEEP_TMP [0]      1 = keep the temp dir (configs, logs, callgrind outputs)
+
+set -euo pipefail
+BENCH_DIR="$(cd "$(dirname "$0")" && pwd)"
+LOG_TAG=callgrind
+KEEP_TMP=${KEEP_TMP:-0}
+# shellcheck source=bench/lib.sh
+. "$BENCH_DIR/lib.sh"
+
+N=${REQUESTS:-2000}
+OUT=${OUT:-$BENCH_DIR/results/callgrind.md}
+[ $# -ge 1 ] || die "usage: bench/callgrind.sh SLUICE [BASELINE_SLUICE]"
+require_python
+ensure_tools valgrind nginx setsid timeout
+resolve_sluice "$1"
+NEW=$SLUICE
+BASE=""
+if [ $# -ge 2 ]; then resolve_sluice "$2"; BASE=$SLUICE; fi
+bench_tmp sluice-callgrind
+start_upstream
+
+# requests PORT COUNT: COUNT GETs of / over one keep-alive connection; each must be a 200
+requests() {
+    python3 - "$1" "$2" <<'PY'
+import http.client, sys
+port, count = int(sys.argv[1]), int(sys.argv[2])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+for i in range(count):
+    conn.request("GET", "/")
+    resp = conn.getresponse()
+    resp.read()
+    if resp.status != 200:
+        sys.exit(f"request {i}: status {resp.status}")
+PY
+}
+
+# sluice_config FILE PORT ADMIN_PORT POLICY(none|gcra)
+sluice_config() {
+    {
+        printf '[server]\nlisten = ["127.0.0.1:%s"]\nthreads = 1\naccess_log = "off"\n' "$2"
+        printf 'grace_period = "1s"\n\n[admin]\nlisten = "127.0.0.1:%s"\n\n' "$3"
+        printf '[upstreams.origin]\nservers = ["127.0.0.1:%s"]\n\n' "$UP_PORT"
+        if [ "$4" = gcra ]; then
+            printf '[policies.per_ip]\nalgorithm = "gcra"\nlimit = 100000000\nperiod = "1s"\nkey = ["client_ip"]\n\n'
+        fi
+        printf '[[routes]]\nname = "bench"\npath_prefix = "/"\nupstream = "origin"\n'
+        [ "$4" = gcra ] && printf 'policies = ["per_ip"]\n'
+        true
+    } >"$1"
+}
+
+# count NAME COUNT CMD...: run CMD under callgrind, send COUNT requests to $PORT, stop it
+# with SIGTERM (SIGQUIT for nginx), and print the instructions callgrind counted
+count() {
+    local name=$1 n=$2 out; shift 2
+    out="$TMP/$name.$n.callgrind"
+    start_bg "$name.$n" valgrind --tool=callgrind --callgrind-out-file="$out" "$@"
+    local pid=$BG_PID
+    python3 "$LIB" wait "$PORT" 120 "$pid" http >/dev/null \
+        || { tail -n 20 "$TMP/log/$name.$n.log" >&2; die "$name did not answer under valgrind"; }
+    requests "$PORT" "$n" || die "$name: a request failed"
+    kill -"${STOP_SIGNAL:-TERM}" "$pid"
+    local i
+    for i in $(seq 600); do alive "$pid" || break; sleep 0.1; done
+    alive "$pid" && die "$name did not exit within 60 s of SIGTERM"
+    awk '/^(summary|totals):/ { print $2; exit }' "$out"
+}
+
+# per_request NAME CMD...: (count at 2N - count at N) / N, to one decimal
+per_request() {
+    local name=$1 a b; shift
+    a=$(count "$name" "$N" "$@")
+    b=$(count "$name" "$((2 * N))" "$@")
+    python3 -c "import sys; print(f'{($b - $a) / $N:.1f}')"
+}
+
+ROWS=()
+row() { ROWS+=("| $1 | $2 | $(python3 -c "print(f'{$3 / 1000:.1f}k')") |"); log "$1 $2: $3 instructions per request"; }
+
+for policy in none gcra; do
+    for bin in "$NEW" ${BASE:+"$BASE"}; do
+        label="this build"
+        [ "$bin" = "$BASE" ] && label="baseline"
+        PORT=$(free_port)
+        admin=$(free_port)
+        sluice_config "$TMP/conf/$policy.toml" "$PORT" "$admin" "$policy"
+        sluice_check "$TMP/conf/$policy.toml"
+        ir=$(per_request "sluice-$policy" "$bin" run --config "$TMP/conf/$policy.toml")
+        row "sluice, $([ "$policy" = none ] && echo "no policy" || echo "gcra, memory")" "$label" "$ir"
+        eval "IR_${policy}_$([ "$label" = baseline ] && echo base || echo new)=$ir"
+    done
+done
+
+PORT=$(free_port)
+nginx_conf "$TMP/conf/nginx" "$PORT" 1 "    upstream origin { server 127.0.0.1:$UP_PORT; keepalive 64; }" '        location / {
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }'
+nginx -p "$TMP/conf/nginx/" -c "$TMP/conf/nginx/nginx.conf" -t >/dev/null 2>&1 || die "nginx rejected its config"
+ir=$(STOP_SIGNAL=QUIT per_request nginx nginx -e "$TMP/conf/nginx/error.log" -p "$TMP/conf/nginx/" \
+    -c "$TMP/conf/nginx/nginx.conf" -g 'daemon off; master_process off;')
+row "nginx proxy, keepalive" "reference" "$ir"
+
+{
+    echo "# Instructions per proxied request (callgrind)"
+    echo
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); $(valgrind --version); $(nginx -v 2>&1)"
+    echo "- command: \`REQUESTS=$N bench/callgrind.sh $*\`"
+    echo "- each figure: (instructions at $((2 * N)) requests - at $N) / $N, one keep-alive connection, GET / to an nginx \`return 200\` upstream; sluice threads = 1, nginx one worker without master"
+    echo
+    echo "| proxy | build | instructions / request |"
+    echo "|---|---|---:|"
+    printf '%s\n' "${ROWS[@]}"
+    if [ -n "$BASE" ]; then
+        echo
+        echo "this build / baseline: no policy $(python3 -c "print(f'{$IR_none_new / $IR_none_base:.3f}')")x, gcra $(python3 -c "print(f'{$IR_gcra_new / $IR_gcra_base:.3f}')")x"
+    fi
+} >"$OUT"
+log "report written to $OUT"
+cat "$OUT"
