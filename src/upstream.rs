@@ -476,6 +476,8 @@ mod tests {
             health_check: None,
             max_fails,
             fail_timeout: Duration::from_secs(60),
+            keepalive: crate::config::DEFAULT_KEEPALIVE,
+            keepalive_timeout: Duration::from_secs(60),
             protocol: crate::config::UpstreamProtocol::Http1,
         }
     }

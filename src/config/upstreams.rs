@@ -5,6 +5,11 @@ use std::time::Duration;
 use super::read::{check_name, Problems, Table};
 use super::tree::{Node, Spanned};
 
+/// Idle connections kept per upstream and worker thread unless `keepalive` says otherwise:
+/// enough that a proxy at a thousand concurrent requests never closes one it needs again.
+pub const DEFAULT_KEEPALIVE: usize = 1024;
+const MAX_KEEPALIVE: i64 = 1 << 20;
+
 #[derive(Debug, Clone)]
 pub struct Upstream {
     pub name: String,
@@ -20,6 +25,11 @@ pub struct Upstream {
     /// take a server out for `fail_timeout`.
     pub max_fails: u32,
     pub fail_timeout: Duration,
+    /// `keepalive`: idle connections to this upstream each worker thread keeps for reuse
+    /// (nginx's `keepalive`); read at start-up (the pools are sized then).
+    pub keepalive: usize,
+    /// `keepalive_timeout`: an idle pooled connection is closed after this.
+    pub keepalive_timeout: Duration,
     pub protocol: UpstreamProtocol,
 }
 
@@ -120,6 +130,10 @@ pub(super) fn upstream(
         .int("max_fails", 1..=i64::MAX)
         .map_or(1, |n| u32::try_from(n.value).unwrap_or(u32::MAX));
     let fail_timeout = t.positive_duration("fail_timeout", Duration::from_secs(10));
+    let keepalive = t
+        .int("keepalive", 1..=MAX_KEEPALIVE)
+        .map_or(DEFAULT_KEEPALIVE, |n| n.value as usize);
+    let keepalive_timeout = t.positive_duration("keepalive_timeout", Duration::from_secs(60));
     t.finish();
     Some(Upstream {
         name: name.value.clone(),
@@ -132,6 +146,8 @@ pub(super) fn upstream(
         health_check,
         max_fails,
         fail_timeout,
+        keepalive,
+        keepalive_timeout,
         protocol,
     })
 }
