@@ -63,6 +63,8 @@ fn jwt_issuer(alg: Algorithm, keys: JwtKeys) -> JwtIssuer {
         leeway: Duration::from_secs(60),
         consumer_claim: "sub".into(),
         plan_claim: None,
+        consumer_prefix: String::new(),
+        consumers: sluice::config::JwtConsumers::Separate,
     }
 }
 

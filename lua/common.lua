@@ -37,7 +37,16 @@
 --
 -- Numbers: every value is an integer number of ms or units, held exactly in a Lua 5.1
 -- double while it stays below 2^53 (validated config keeps limit × period and burst ×
--- period below that). For such a and b > 0, `a % b` (= a − floor(a/b)·b) is exact: a/b
+-- period below that). Costs are at most 2^53 (DESIGN section 17), and what a key holds
+-- saturates there, as in src/limiter/algorithm.rs: a count of units stops at 2^53 (more
+-- than any limit), a bucket's deficit (capacity − tokens × period) and a tat's lead
+-- ((tat − now) × limit) too, and a reply's ms never exceed it; so no stored or replied
+-- number leaves the exact range, and none overflows the integer Redis makes of it. A sum
+-- of two values below 2^53 may round, but never below 2^53 when it is above, so a
+-- comparison with a number below 2^53 stays right; near 2^53 a check compares
+-- `cost <= limit - count` (exact) rather than a sum. The literal 9007199254740992 is 2^53
+-- (a literal costs nothing; a shared local would be an upvalue, see above).
+-- For a and b > 0 below 2^53, `a % b` (= a − floor(a/b)·b) is exact: a/b
 -- cannot round across an integer when |a| < 2^53. So, with no function call:
 --   floor(a / b) = (a - a % b) / b
 --   ceil(a / b)  = (a + (-a) % b) / b            (a >= 0)

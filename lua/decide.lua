@@ -52,8 +52,9 @@
 --
 -- Bans: a "2" check whose ban key holds a time after now is denied (2, remaining 0,
 -- reset_ms and delay_ms = the ban's rest) without running its algorithm. When its algorithm
--- denies it in a decide, its ban key is set to now + ban with TTL ban, and its delay_ms
--- becomes at least ban. The ban key holds its end time, not just a TTL, so the decision
+-- denies it in a decide, its ban key is set to now + ban with TTL ban, and its reset_ms and
+-- delay_ms become ban: during a ban every answer shows the ban's rest, never the window's
+-- (DESIGN section 17). The ban key holds its end time, not just a TTL, so the decision
 -- follows the script's clock (TIME or the caller's) as state does.
 --
 -- Reading TIME before writing needs script effects replication, the default since Redis
@@ -262,7 +263,7 @@ repeat
           if reply[q] == 0 then
             local ban = argv[f + FIELDS * checks + b] + 0
             write(KEYS[k + checks + b], ban, '%d', now + ban)
-            if reply[q + 3] < ban then reply[q + 3] = ban end
+            reply[q + 2], reply[q + 3] = ban, ban
           end
         end
       end

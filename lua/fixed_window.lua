@@ -26,10 +26,11 @@ local function fixed_window(key, at, now, op, cost, x, y)
       start, count = now - now % p, 0
       if stored == start then count = stored_count end
       reset = start + p - now
-      allowed = op == 'charge' or cost == 0 or count + cost <= limit
+      allowed = op == 'charge' or cost == 0 or cost <= limit - count
       -- delay: denied, the wait until the next window.
       if allowed then
         count, delay = count + cost, 0
+        if count > 9007199254740992 then count = 9007199254740992 end
       else
         delay = reset
       end

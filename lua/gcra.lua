@@ -1,7 +1,8 @@
 -- gcra: the generic cell rate algorithm, one stored value, the theoretical arrival time
 -- (tat). With T = period/limit: allows when max(tat, now) + cost·T − now <= burst·T.
 -- Same contract as token_bucket, including on_exceed = "delay" up to max_delay.
--- T is kept exact as a fraction of denominator `limit`: tat = ms + frac/limit.
+-- T is kept exact as a fraction of denominator `limit`: tat = ms + frac/limit. The lead
+-- (tat − now) × limit saturates at 2^53, and so does a reply's delay.
 --
 -- The same function is leaky_bucket (leaky_bucket.lua): for a check whose algorithm is
 -- "leaky_bucket" it shapes instead, allowing while the queue's wait fits in burst·T.
@@ -39,6 +40,7 @@ local function gcra(key, at, now, op, cost, ms, frac)
           ahead = 0
         else
           ahead = ahead * limit + tat_frac
+          if ahead > 9007199254740992 then ahead = 9007199254740992 end
         end
       end
       local new_ahead = ahead + cost * p
@@ -72,6 +74,8 @@ local function gcra(key, at, now, op, cost, ms, frac)
       end
       -- A charge books ahead whatever the wait: the debt of a response that cost more.
       if op == 'charge' then allowed = true end
+      if new_ahead > 9007199254740992 then new_ahead = 9007199254740992 end
+      if delay > 9007199254740992 then delay = 9007199254740992 end
       local after = ahead
       if allowed then after = new_ahead end
       if shaping then

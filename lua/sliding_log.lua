@@ -37,7 +37,7 @@ local function sliding_log(key, at, now, op, cost, charged_at)
     end
     if op ~= 'store' then
       local limit = argv[at + 2] + 0
-      allowed = op == 'charge' or cost == 0 or total + cost <= limit
+      allowed = op == 'charge' or cost == 0 or cost <= limit - total
       retry = 0
       if not allowed then
         if cost > limit then
@@ -74,17 +74,22 @@ local function sliding_log(key, at, now, op, cost, charged_at)
         return allowed, remaining, reset, retry
       end
     end
-    -- Charge: drop the members that left, add `cost` units at `now`.
-    total = total + cost
+    -- Charge: drop the members that left, add `cost` units at `now`; the log's units
+    -- saturate at 2^53 (only a charge past the limit gets there).
+    local units, room = cost, 9007199254740992 - total
+    if room < 0 then room = 0 end
+    if units > room then units = room end
+    total = total + units
     redis.call('ZREMRANGEBYSCORE', key, '-inf', gone_before)
-    local stamp = string.format('%d', now)
-    local units = cost
-    local same = redis.call('ZRANGEBYSCORE', key, stamp, stamp)
-    if same[1] then
-      units = units + string.match(same[1], ':(%d+)$')
-      redis.call('ZREM', key, same[1])
+    if units > 0 then
+      local stamp = string.format('%d', now)
+      local same = redis.call('ZRANGEBYSCORE', key, stamp, stamp)
+      if same[1] then
+        units = units + string.match(same[1], ':(%d+)$')
+        redis.call('ZREM', key, same[1])
+      end
+      redis.call('ZADD', key, stamp, stamp .. ':' .. string.format('%d', units))
     end
-    redis.call('ZADD', key, stamp, stamp .. ':' .. string.format('%d', units))
   end
   -- Both keys live until the newest member leaves the window (or go now).
   local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')

@@ -47,7 +47,8 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
       end
       local elapsed = now - start
       local weighted_prev = prev * (p - elapsed)
-      allowed = op == 'charge' or cost == 0 or weighted_prev + (curr + cost) * p <= limit * p
+      allowed = op == 'charge' or cost == 0 or
+        (cost <= limit - curr and weighted_prev + (curr + cost) * p <= limit * p)
       retry = 0
       if not allowed then
         -- The wait until the request would fit, if nothing else arrives: later in this
@@ -84,7 +85,10 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
           end
         end
       end
-      if allowed then curr = curr + cost end
+      if allowed then
+        curr = curr + cost
+        if curr > 9007199254740992 then curr = 9007199254740992 end
+      end
       remaining = limit * p - weighted_prev
       if remaining < 0 then remaining = 0 end
       remaining = (remaining - remaining % p) / p - curr

@@ -1,7 +1,8 @@
 -- token_bucket: capacity `burst`, refilled continuously at limit/period, starts full;
 -- allows when tokens >= cost. Tokens are stored multiplied by `period` so the refill
 -- (elapsed × limit) stays an integer. With on_exceed = "delay" a request may book tokens
--- ahead (the count goes negative) when the wait for them is at most max_delay.
+-- ahead (the count goes negative) when the wait for them is at most max_delay. The deficit
+-- (capacity − tokens × period) saturates at 2^53, and so does a reply's delay.
 --
 -- KEYS:   the check's key, a string "<tokens × period>:<last refill ms>", TTL = until the
 --         bucket is full again.
@@ -46,7 +47,11 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
       end
       -- A charge books ahead whatever the wait: the debt of a response that cost more.
       if op == 'charge' then allowed = true end
-      if allowed then scaled = scaled - need end
+      if allowed then
+        scaled = scaled - need
+        if scaled < capacity - 9007199254740992 then scaled = capacity - 9007199254740992 end
+      end
+      if delay > 9007199254740992 then delay = 9007199254740992 end
       remaining = 0
       if scaled > 0 then remaining = (scaled - scaled % p) / p end
       reset = capacity - scaled

@@ -12,7 +12,8 @@
 //! 3. `auth`: who is asking, verified: API keys by digest, JWTs against each issuer's keys
 //!    (`jwks`: URL sources), consumers of the config and the admin API.
 //!    `routing`: which route a request belongs to (a first-match scan, and `RouteIndex`,
-//!    which answers it by hash whatever the number of routes). `tls`: certificates by SNI,
+//!    which answers it by hash whatever the number of routes), on the normal form of its
+//!    path (`path`). `tls`: certificates by SNI,
 //!    client certificates, reload. `upstream`: pools (pingora::lb selection, active and
 //!    passive health).
 //! 4. `key`: the client IP and the rate key of a policy for a request.
@@ -20,13 +21,13 @@
 //!    responses are known; `memory` and `redis` backends only store; `overrides` (config)
 //!    and `runtime` (admin API) give a key its numbers; `top` the heaviest keys; `pubsub`
 //!    follows a Redis channel; `keyed` decides checks the caller names (RLS); `series` its
-//!    metric series.
+//!    metric series; `connections` the open connections per client address.
 //! 6. `response`: what sluice writes itself: rate-limit headers, problem bodies, gRPC
 //!    statuses.
 //! 7. `gateway`: the state built from one config (`Gateway::build`), swapped whole on reload.
 //! 8. The front doors, each over the gateway and never another door: `proxy` (the Pingora
 //!    phases; `connection` bounds each client connection; `usage` reads the tokens an LLM
-//!    response reports), `rls` (Envoy's rate limit service: `rules` matching, `proto`
+//!    response reports, through `decode` when the upstream compressed it), `rls` (Envoy's rate limit service: `rules` matching, `proto`
 //!    messages, `decide`, `service` gRPC over HTTP/2), `admin` (/metrics, /healthz,
 //!    /readyz, the `/v1/` API and the operator console).
 //! 9. `server`: wiring it together and running until SIGTERM.

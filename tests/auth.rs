@@ -229,7 +229,8 @@ fn auth_metric(s: &Sluice, result: &str, route: &str) -> f64 {
 
 /// A valid token of each algorithm (ES256, RS256, PS256 and EdDSA from a JWKS file, HS256
 /// from a secret file whose trailing newline is not part of the secret) reaches the upstream
-/// as its `sub`, with its `plan` claim as the plan; the client's Authorization passes on.
+/// as its issuer's `consumer_prefix` and its `sub`, with its `plan` claim as the plan; the
+/// client's Authorization passes on.
 #[test]
 fn a_valid_token_of_each_algorithm_reaches_the_upstream_as_its_consumer() {
     let up = EchoUpstream::start();
@@ -245,8 +246,8 @@ fn a_valid_token_of_each_algorithm_reaches_the_upstream_as_its_consumer() {
     let secret_file = dir.0.join("hs.secret");
     std::fs::write(&secret_file, [&secret[..], b"\n"].concat()).expect("write secret");
     let auth = format!(
-        "[auth]\n{}[[auth.jwt]]\nissuer = \"https://hs.test/\"\naudiences = [\"{AUD}\"]\nalgorithms = [\"HS256\"]\nsecret_file = \"{}\"\nplan_claim = \"plan\"\n",
-        jwks_file_issuer(&dir, &[&es, &rs, &ps, &ed], &["ES256", "RS256", "PS256", "EdDSA"], ""),
+        "[auth]\n{}[[auth.jwt]]\nissuer = \"https://hs.test/\"\naudiences = [\"{AUD}\"]\nalgorithms = [\"HS256\"]\nsecret_file = \"{}\"\nplan_claim = \"plan\"\nconsumer_prefix = \"hs:\"\n",
+        jwks_file_issuer(&dir, &[&es, &rs, &ps, &ed], &["ES256", "RS256", "PS256", "EdDSA"], "consumer_prefix = \"idp:\""),
         secret_file.display()
     );
     let s = Conf::new(&up, &auth).start();
@@ -258,7 +259,7 @@ fn a_valid_token_of_each_algorithm_reaches_the_upstream_as_its_consumer() {
             json!({"plan": "gold"}),
         );
         let r = with_token(&s, "/api/x", &t);
-        assert_as(&r, Some(&format!("user-{}", signer.alg)), "gold");
+        assert_as(&r, Some(&format!("idp:user-{}", signer.alg)), "gold");
         assert_eq!(upstream_saw(&r, "authorization"), Some(bearer(&t)));
     }
     let t = hs.sign(&claims(
@@ -268,7 +269,11 @@ fn a_valid_token_of_each_algorithm_reaches_the_upstream_as_its_consumer() {
         300,
         &json!({"plan": "silver"}),
     ));
-    assert_as(&with_token(&s, "/api/x", &t), Some("user-HS256"), "silver");
+    assert_as(
+        &with_token(&s, "/api/x", &t),
+        Some("hs:user-HS256"),
+        "silver",
+    );
     // An `aud` list passes when it contains an allowed audience.
     let t = es.sign(&claims(
         ISS,
@@ -277,7 +282,7 @@ fn a_valid_token_of_each_algorithm_reaches_the_upstream_as_its_consumer() {
         300,
         &json!({"aud": ["other", AUD], "plan": "gold"}),
     ));
-    assert_as(&with_token(&s, "/api/x", &t), Some("listed"), "gold");
+    assert_as(&with_token(&s, "/api/x", &t), Some("idp:listed"), "gold");
 
     assert_eq!(up.hits(), 6);
     assert_eq!(auth_metric(&s, "ok", "api"), 6.0, "{}", s.metrics());
@@ -730,9 +735,10 @@ fn a_key_and_a_token_must_name_the_same_consumer() {
     let up = EchoUpstream::start();
     let dir = TempDir::new();
     let es = Signer::es256("es-1");
+    // Its tokens name the consumers of API keys (DESIGN §17).
     let auth = format!(
         "[auth]\n{}{}",
-        jwks_file_issuer(&dir, &[&es], &["ES256"], ""),
+        jwks_file_issuer(&dir, &[&es], &["ES256"], "consumers = \"match\""),
         consumers()
     );
     let s = Conf::new(&up, &auth).start();
@@ -956,7 +962,7 @@ fn hide_credentials_keeps_the_credential_from_the_upstream() {
     let up = EchoUpstream::start();
     let dir = TempDir::new();
     let es = Signer::es256("es-1");
-    let issuer = jwks_file_issuer(&dir, &[&es], &["ES256"], "");
+    let issuer = jwks_file_issuer(&dir, &[&es], &["ES256"], "consumers = \"match\"");
     let keys = "api_key = [\"header:x-api-key\", \"query:api_key\"]\n";
     let hidden = format!(
         "[auth]\n{keys}hide_credentials = true\n{issuer}{}",

@@ -32,14 +32,29 @@ const CASES: &[(&str, &[&str])] = &[
             "7:24: `algorithms`: \"none\": unsigned tokens are never accepted (expected RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512)",
             "7:32: `algorithms`: \"XS256\": unknown algorithm (expected RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512)",
             "8:13: `jwks_file`: cannot read no-such-jwks.json: No such file or directory (os error 2)",
+            "9:1: `consumer_prefix` \"\" (the default) is also that of issuer \"https://a.example/\": with two or more issuers each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers",
             "12:15: `algorithms`: HS256 needs `secret_file`; HMAC keys are never taken from a JWKS",
+            "14:1: `consumer_prefix` \"\" (the default) is also that of issuer \"https://a.example/\": with two or more issuers each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers",
             "14:1: an issuer takes exactly one of `jwks_file`, `jwks_url` and `secret_file`",
             "16:1: `audiences` needs at least one audience",
+            "18:1: `consumer_prefix` \"\" (the default) is also that of issuer \"https://a.example/\": with two or more issuers each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers",
             "21:24: `algorithms`: HS256 needs `secret_file`; HMAC keys are never taken from a JWKS",
             "22:1: an issuer takes exactly one of `jwks_file`, `jwks_url` and `secret_file`",
             "23:12: `jwks_url`: \"ftp://idp.example/jwks.json\" must be an http:// or https:// URL",
+            "24:1: `consumer_prefix` \"\" (the default) is also that of issuer \"https://a.example/\": with two or more issuers each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers",
             "28:13: `jwks_file`: no usable key for ES256 among its 2 keys",
+            "29:1: `consumer_prefix` \"\" (the default) is also that of issuer \"https://a.example/\": with two or more issuers each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers",
             "30:10: duplicate issuer \"https://a.example/\"",
+        ],
+    ),
+    (
+        "auth_jwt_prefix.toml",
+        &[
+            "15:19: `consumer_prefix` \"a:\" is also that of issuer \"https://a.example/\": with two or more issuers each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers",
+            "16:13: `consumers`: unknown value \"same\" (expected one of: separate, match)",
+            "22:19: `consumer_prefix` \"a:c:\" starts with that of issuer \"https://a.example/\" (\"a:\"): with two or more issuers each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers",
+            "29:19: `consumer_prefix` must not hold a control character",
+            "31:1: `consumer_prefix` \"\" (the default) is the start of that of issuer \"https://a.example/\" (\"a:\"): with two or more issuers each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers",
         ],
     ),
     (
@@ -93,6 +108,13 @@ const CASES: &[(&str, &[&str])] = &[
         &[
             "5:14: `token_file`: cannot read no-such-token-file: No such file or directory (os error 2)",
             "6:12: `top_keys` must be between 0 and 1000000, found -1",
+        ],
+    ),
+    (
+        "path_normalisation.toml",
+        &[
+            "3:17: `merge_slashes` must be a boolean, found a string",
+            "4:19: `escaped_slashes`: unknown value \"decode\" (expected one of: keep, reject)",
         ],
     ),
     (

@@ -1,12 +1,14 @@
 //! The `/v1/consumers` handlers (DESIGN §11): runtime consumers and their API keys, kept by
 //! the limiter (fleet-wide with Redis); the config's consumers are shown and never changed.
+//! Each call is one `ConsumerChange`, made by the limiter against what is stored now
+//! (DESIGN §17): two calls at once, on any instances, never undo each other.
 
 use base64::Engine as _;
 use http::Method;
 use serde_json::{json, Value};
 
 use super::{Answer, Call};
-use crate::auth::consumers::{self, RuntimeConsumer, RuntimeKey};
+use crate::auth::consumers::{self, Changed, ConsumerChange, RuntimeConsumer, RuntimeKey};
 use crate::config::ANONYMOUS;
 use crate::gateway::Gateway;
 
@@ -131,25 +133,16 @@ async fn put(gateway: &Gateway, name: &str, call: &Call) -> Answer {
         Ok(p) => p,
         Err(why) => return Answer::problem(400, "Bad Request", why),
     };
-    let limiter = &gateway.limiter;
-    let keys = match limiter.fresh_consumer(name).await {
-        Ok(c) => c.map(|c| c.keys).unwrap_or_default(),
-        Err(e) => return unavailable(e),
-    };
-    let consumer = RuntimeConsumer {
+    let change = ConsumerChange::Put {
         name: name.to_owned(),
-        plan,
-        keys,
+        plan: plan.clone(),
     };
-    match limiter.set_consumer(consumer.clone()).await {
-        Ok(()) => {
-            log::info!(
-                "admin: {} set consumer {name} (plan {:?})",
-                call.caller,
-                consumer.plan
-            );
+    match gateway.limiter.change_consumer(&change).await {
+        Ok(Changed::Done(Some(consumer))) => {
+            log::info!("admin: {} set consumer {name} (plan {plan:?})", call.caller);
             Answer::json(200, shown(&consumer))
         }
+        Ok(other) => unexpected(other),
         Err(e) => unavailable(e),
     }
 }
@@ -158,21 +151,18 @@ async fn delete(gateway: &Gateway, name: &str, call: &Call) -> Answer {
     if in_config(gateway, name) {
         return from_config(name);
     }
-    match gateway.limiter.fresh_consumer(name).await {
-        Ok(Some(_)) => {}
-        Ok(None) => {
-            return Answer::problem(404, "Not Found", format!("no consumer named {name:?}"))
-        }
-        Err(e) => return unavailable(e),
-    }
-    match gateway.limiter.delete_consumer(name).await {
-        Ok(_) => {
+    let change = ConsumerChange::Delete {
+        name: name.to_owned(),
+    };
+    match gateway.limiter.change_consumer(&change).await {
+        Ok(Changed::Done(_)) => {
             log::info!(
                 "admin: {} deleted consumer {name} and its keys",
                 call.caller
             );
             Answer::empty()
         }
+        Ok(_) => Answer::problem(404, "Not Found", format!("no consumer named {name:?}")),
         Err(e) => unavailable(e),
     }
 }
@@ -182,35 +172,32 @@ async fn create_key(gateway: &Gateway, name: &str, call: &Call) -> Answer {
     if in_config(gateway, name) {
         return from_config(name);
     }
-    let mut consumer = match gateway.limiter.fresh_consumer(name).await {
-        Ok(Some(c)) => c,
-        Ok(None) => {
-            return Answer::problem(
-                404,
-                "Not Found",
-                format!("no runtime consumer named {name:?} (create it with PUT first)"),
-            )
-        }
-        Err(e) => return unavailable(e),
-    };
     let secret: [u8; 32] = rand::random();
     let key = format!(
         "sk_{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret)
     );
     let id = consumers::hex(&rand::random::<[u8; 8]>());
-    consumer.keys.push(RuntimeKey {
-        id: id.clone(),
-        digest: consumers::hex(&consumers::digest(key.as_bytes())),
-    });
-    match gateway.limiter.set_consumer(consumer).await {
-        Ok(()) => {
+    let change = ConsumerChange::AddKey {
+        name: name.to_owned(),
+        key: RuntimeKey {
+            id: id.clone(),
+            digest: consumers::hex(&consumers::digest(key.as_bytes())),
+        },
+    };
+    match gateway.limiter.change_consumer(&change).await {
+        Ok(Changed::Done(_)) => {
             log::info!(
                 "admin: {} created key {id} for consumer {name}",
                 call.caller
             );
             Answer::json(201, json!({"id": id, "key": key}))
         }
+        Ok(_) => Answer::problem(
+            404,
+            "Not Found",
+            format!("no runtime consumer named {name:?} (create it with PUT first)"),
+        ),
         Err(e) => unavailable(e),
     }
 }
@@ -219,27 +206,30 @@ async fn revoke_key(gateway: &Gateway, name: &str, id: &str, call: &Call) -> Ans
     if in_config(gateway, name) {
         return from_config(name);
     }
-    let mut consumer = match gateway.limiter.fresh_consumer(name).await {
-        Ok(Some(c)) => c,
-        Ok(None) => {
-            return Answer::problem(404, "Not Found", format!("no consumer named {name:?}"))
-        }
-        Err(e) => return unavailable(e),
+    let change = ConsumerChange::RevokeKey {
+        name: name.to_owned(),
+        id: id.to_owned(),
     };
-    let before = consumer.keys.len();
-    consumer.keys.retain(|k| k.id != id);
-    if consumer.keys.len() == before {
-        return Answer::problem(
-            404,
-            "Not Found",
-            format!("consumer {name:?} has no key {id:?}"),
-        );
-    }
-    match gateway.limiter.set_consumer(consumer).await {
-        Ok(()) => {
+    match gateway.limiter.change_consumer(&change).await {
+        Ok(Changed::Done(_)) => {
             log::info!("admin: {} revoked key {id} of consumer {name}", call.caller);
             Answer::empty()
         }
+        Ok(Changed::NoKey) => Answer::problem(
+            404,
+            "Not Found",
+            format!("consumer {name:?} has no key {id:?}"),
+        ),
+        Ok(_) => Answer::problem(404, "Not Found", format!("no consumer named {name:?}")),
         Err(e) => unavailable(e),
     }
+}
+
+/// A change answered otherwise than its kind can be (a put always leaves a consumer).
+fn unexpected(changed: Changed) -> Answer {
+    Answer::problem(
+        500,
+        "Internal Server Error",
+        format!("the limiter backend answered {changed:?}"),
+    )
 }

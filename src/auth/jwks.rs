@@ -26,6 +26,11 @@ pub struct UrlSource {
     refresh: Duration,
     refetch_every: Duration,
     current: ArcSwapOption<KeySet>,
+    /// SHA-256 of the document `current` was read from.
+    document: parking_lot::Mutex<Option<[u8; 32]>>,
+    /// Moves on each time a fetch brings a different document (a key dropped or added):
+    /// a token verified before no longer counts as verified (DESIGN §17).
+    generation: AtomicU64,
     /// Unix ms of the last fetch started for an unknown `kid` (rate limit).
     last_kid_fetch: AtomicU64,
     wake: tokio::sync::Notify,
@@ -51,6 +56,8 @@ impl UrlSource {
             refresh,
             refetch_every,
             current: ArcSwapOption::new(previous.and_then(|p| p.current.load_full())),
+            document: parking_lot::Mutex::new(previous.and_then(|p| *p.document.lock())),
+            generation: AtomicU64::new(0),
             last_kid_fetch: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
             metrics,
@@ -78,6 +85,12 @@ impl UrlSource {
         self.current.load_full()
     }
 
+    /// Which set `keys` gives: read it first, and a verification against the set then is
+    /// good while it has not moved.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     /// A token named a `kid` the set lacks: fetch again, at most once per `unknown_kid_refetch`.
     pub fn unknown_kid(&self) {
         let now = crate::clock::unix_ms();
@@ -99,7 +112,14 @@ impl UrlSource {
         {
             Ok(Ok(body)) => match KeySet::parse(&body, &self.allowed) {
                 Ok(set) => {
-                    self.current.store(Some(Arc::new(set)));
+                    let digest = super::consumers::digest(&body);
+                    let mut document = self.document.lock();
+                    if *document != Some(digest) {
+                        *document = Some(digest);
+                        self.current.store(Some(Arc::new(set)));
+                        self.generation.fetch_add(1, Ordering::AcqRel);
+                    }
+                    drop(document);
                     up.set(1);
                     self.metrics
                         .jwks_refresh_timestamp

@@ -10,7 +10,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
 use super::jwks::{KeySet, UrlSource};
-use crate::config::{JwtIssuer, JwtKeys};
+use crate::config::{JwtIssuer, JwtKeys, ANONYMOUS};
 
 /// Where one issuer's keys are now.
 pub enum Keys {
@@ -80,6 +80,7 @@ impl Issuer {
 /// A token that checked out.
 #[derive(Debug, Clone)]
 pub struct Verified {
+    /// The issuer's `consumer_prefix` and the consumer claim.
     pub consumer: String,
     pub plan: Option<String>,
     pub claims: Map<String, Value>,
@@ -184,12 +185,22 @@ pub fn verify(token: &str, issuers: &[Issuer]) -> Result<Verified, Failure> {
         Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
         _ => None,
     };
-    let Some(consumer) = name(&cfg.consumer_claim) else {
+    let Some(claim) = name(&cfg.consumer_claim) else {
         return Err(invalid(format!(
             "the token has no string `{}` claim naming its consumer",
             cfg.consumer_claim
         )));
     };
+    if let Some(why) = unfit_claim(&claim) {
+        return Err(invalid(format!(
+            "the token's `{}` claim {why}",
+            cfg.consumer_claim
+        )));
+    }
+    let consumer = format!("{}{claim}", cfg.consumer_prefix);
+    if let Some(why) = unfit_name(&consumer) {
+        return Err(invalid(format!("the token's consumer {why}")));
+    }
     let plan = cfg.plan_claim.as_deref().and_then(name);
     Ok(Verified {
         consumer,
@@ -197,6 +208,30 @@ pub fn verify(token: &str, issuers: &[Issuer]) -> Result<Verified, Failure> {
         claims: data.claims,
         exp: exp.max(0.0) as u64,
     })
+}
+
+/// Why a consumer claim cannot name a consumer (DESIGN §17): too long, a control
+/// character, or a name that poses as something else.
+fn unfit_claim(claim: &str) -> Option<&'static str> {
+    if claim.len() > 128 {
+        return Some("is longer than 128 bytes");
+    }
+    if claim.chars().any(char::is_control) {
+        return Some("holds a control character");
+    }
+    unfit_name(claim)
+}
+
+/// Why a token's consumer (prefix and claim) cannot be one: an IP address would share that
+/// address's anonymous bucket, and `anonymous` is the plan of requests without a consumer.
+fn unfit_name(name: &str) -> Option<&'static str> {
+    if name.parse::<std::net::IpAddr>().is_ok() {
+        Some("is an IP address (anonymous clients are keyed by theirs)")
+    } else if name == ANONYMOUS {
+        Some("is \"anonymous\", the plan of requests without a consumer")
+    } else {
+        None
+    }
 }
 
 type Checked = jsonwebtoken::errors::Result<jsonwebtoken::TokenData<Map<String, Value>>>;
@@ -268,6 +303,8 @@ mod tests {
                 leeway: Duration::from_secs(60),
                 consumer_claim: "sub".into(),
                 plan_claim: Some("plan".into()),
+                consumer_prefix: String::new(),
+                consumers: crate::config::JwtConsumers::Separate,
             },
             keys,
         }
@@ -356,6 +393,50 @@ mod tests {
         // alg none, unsigned.
         let none = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(br#"{"alg":"none"}"#);
         invalid_because(&format!("{none}.{}.", parts[1]), &hs, "none");
+    }
+
+    /// A token's consumer is the issuer's prefix and its claim; a claim that is too long,
+    /// holds a control character, or poses as an address or `anonymous` is refused, and so
+    /// is a prefix and claim that together pose as one (DESIGN §17).
+    #[test]
+    fn consumer_claims_are_prefixed_and_checked() {
+        let mut prefixed = issuer(
+            Keys::Secret(DecodingKey::from_secret(SECRET)),
+            vec![Algorithm::HS256],
+        );
+        prefixed.config.consumer_prefix = "idp:".into();
+        let hs = [prefixed];
+        let sub = |v: Value| hs256(&with(|c| c["sub"] = v));
+        assert_eq!(
+            verify(&sub(json!("bob")), &hs).expect("valid").consumer,
+            "idp:bob"
+        );
+        assert_eq!(
+            verify(&sub(json!(42)), &hs).expect("valid").consumer,
+            "idp:42"
+        );
+        assert!(verify(&sub(json!("b".repeat(128))), &hs).is_ok());
+        invalid_because(&sub(json!("b".repeat(129))), &hs, "128 bytes");
+        invalid_because(&sub(json!("")), &hs, "no string `sub`");
+        for control in ["a\u{0}", "a\nb", "\u{7f}", "\u{9b}x"] {
+            invalid_because(&sub(json!(control)), &hs, "control character");
+        }
+        for ip in ["198.51.100.7", "::1", "2001:db8::7", "::ffff:10.0.0.1"] {
+            invalid_because(&sub(json!(ip)), &hs, "IP address");
+        }
+        invalid_because(&sub(json!("anonymous")), &hs, "anonymous");
+
+        let mut joined = issuer(
+            Keys::Secret(DecodingKey::from_secret(SECRET)),
+            vec![Algorithm::HS256],
+        );
+        joined.config.consumer_prefix = "10.".into();
+        let hs = [joined];
+        invalid_because(&sub(json!("0.0.1")), &hs, "consumer is an IP address");
+        assert_eq!(
+            verify(&sub(json!("x")), &hs).expect("valid").consumer,
+            "10.x"
+        );
     }
 
     #[test]

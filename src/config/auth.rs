@@ -77,6 +77,20 @@ pub struct JwtIssuer {
     pub leeway: Duration,
     pub consumer_claim: String,
     pub plan_claim: Option<String>,
+    /// Put before the claim to make the token's consumer (DESIGN §17): with two or more
+    /// issuers each has its own, none the start of another's.
+    pub consumer_prefix: String,
+    pub consumers: JwtConsumers,
+}
+
+/// `consumers`: whom an issuer's tokens may name (DESIGN §17).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JwtConsumers {
+    /// Consumers of their own: a token naming a consumer of API keys is refused.
+    Separate,
+    /// Consumers of API keys only (config or runtime): the token is that consumer, with
+    /// its plan.
+    Match,
 }
 
 /// Where an issuer's verification keys come from.
@@ -159,6 +173,9 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
                             p.at(span, format!("duplicate issuer \"{name}\""));
                         }
                     }
+                }
+                if items.len() > 1 {
+                    distinct_prefixes(p, items);
                 }
                 items.iter().filter_map(|i| issuer(p, i, dir)).collect()
             }
@@ -351,6 +368,24 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
         .map_or(Duration::from_secs(60), |d| d.value);
     let consumer_claim = t.string("consumer_claim").map_or("sub".into(), |s| s.value);
     let plan_claim = t.string("plan_claim").map(|s| s.value);
+    let consumer_prefix = t.string("consumer_prefix").map_or(String::new(), |s| {
+        if s.value.chars().any(char::is_control) {
+            p.at(
+                &s.span,
+                "`consumer_prefix` must not hold a control character",
+            );
+        }
+        s.value
+    });
+    let consumers = t
+        .choice(
+            "consumers",
+            &[
+                ("separate", JwtConsumers::Separate),
+                ("match", JwtConsumers::Match),
+            ],
+        )
+        .unwrap_or(JwtConsumers::Separate);
     t.finish();
     Some(JwtIssuer {
         issuer: issuer?.value,
@@ -362,7 +397,63 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
         leeway,
         consumer_claim,
         plan_claim,
+        consumer_prefix,
+        consumers,
     })
+}
+
+/// With two or more issuers no `consumer_prefix` may equal or start another's (absent is
+/// ""), so that no issuer's claim can name another issuer's consumer (DESIGN §17). Each
+/// issuer is reported once, at its prefix (or its table), against the first earlier one.
+fn distinct_prefixes(p: &Problems, items: &[Spanned<Node>]) {
+    const WHY: &str = "with two or more issuers each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers";
+    let mut earlier: Vec<(String, String)> = Vec::new();
+    for item in items {
+        let Node::Table(entries) = &item.value else {
+            continue;
+        };
+        let issuer = entries
+            .iter()
+            .find_map(|(k, v)| match &v.value {
+                Node::Str(s) if k.value == "issuer" => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let (prefix, span, shown) = match entries.iter().find(|(k, _)| k.value == "consumer_prefix")
+        {
+            None => (
+                String::new(),
+                item.span.clone(),
+                "\"\" (the default)".to_owned(),
+            ),
+            Some((
+                _,
+                Spanned {
+                    value: Node::Str(s),
+                    span,
+                },
+            )) => (s.clone(), span.clone(), format!("{s:?}")),
+            // Not a string: the issuer's reader says so.
+            Some(_) => continue,
+        };
+        let clash = earlier.iter().find_map(|(other, theirs)| {
+            if theirs == &prefix {
+                Some(format!("is also that of issuer {other:?}"))
+            } else if prefix.starts_with(theirs.as_str()) {
+                Some(format!("starts with that of issuer {other:?} ({theirs:?})"))
+            } else if theirs.starts_with(prefix.as_str()) {
+                Some(format!(
+                    "is the start of that of issuer {other:?} ({theirs:?})"
+                ))
+            } else {
+                None
+            }
+        });
+        if let Some(clash) = clash {
+            p.at(&span, format!("`consumer_prefix` {shown} {clash}: {WHY}"));
+        }
+        earlier.push((issuer, prefix));
+    }
 }
 
 fn jwks_url(p: &Problems, s: &Spanned<String>) -> Option<JwtKeys> {

@@ -23,7 +23,8 @@ mod upstreams;
 
 pub use self::rls::Rls;
 pub use auth::{
-    parse_hex, Auth, Consumer, JwtIssuer, JwtKeys, MaxFailures, ANONYMOUS, AUTH_FAILURES,
+    parse_hex, Auth, Consumer, JwtConsumers, JwtIssuer, JwtKeys, MaxFailures, ANONYMOUS,
+    AUTH_FAILURES,
 };
 pub use jwks::KeySet;
 pub use limiter::{Backend, ClockSource, Limiter, OnError};
@@ -33,9 +34,9 @@ pub use policies::{
 };
 pub use read::{parse_duration, parse_size, ConfigError, ConfigErrors};
 pub use routes::{AuthMode, HeaderRules, HostMatch, PathMatch, RedirectTo, Route, Scheme, Target};
-pub use server::{AccessLog, Admin, HeaderStyle, Server, Token};
+pub use server::{AccessLog, Admin, EscapedSlashes, HeaderStyle, Server, Token};
 pub use tls::{Certificate, ClientAuth, Tls, TlsVersion};
-pub use upstreams::{Balance, HealthCheck, Upstream, UpstreamProtocol};
+pub use upstreams::{Balance, HealthCheck, Upstream, UpstreamProtocol, DEFAULT_KEEPALIVE};
 
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -73,6 +74,15 @@ impl Config {
             .as_ref()
             .map_or(self.routes.len(), |r| r.first_route);
         &self.routes[..end]
+    }
+
+    /// The idle upstream connections one worker's pool keeps: every upstream's `keepalive`.
+    pub fn keepalive_pool_size(&self) -> usize {
+        self.upstreams
+            .iter()
+            .map(|u| u.keepalive)
+            .sum::<usize>()
+            .max(1)
     }
 }
 

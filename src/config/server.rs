@@ -36,6 +36,19 @@ pub struct Server {
     pub h2c: bool,
     /// `request_id`: the header carrying each request's id (DESIGN §14); None = off.
     pub request_id: Option<http::HeaderName>,
+    /// Repeated slashes in a path are merged before routing (DESIGN §17), as nginx's
+    /// `merge_slashes on`.
+    pub merge_slashes: bool,
+    /// What a path's `%2F` or `%5C` (an encoded slash or backslash) gets (DESIGN §17).
+    pub escaped_slashes: EscapedSlashes,
+}
+
+/// `[server] escaped_slashes`: an encoded slash or backslash in a path is kept as those
+/// three characters, never decoded, or the request is refused with 400.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EscapedSlashes {
+    Keep,
+    Reject,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +164,16 @@ pub(super) fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
         .filter(|s| !s.value.is_empty())
         .and_then(|s| header_name(p, &s, "request_id"));
     let h2c = t.bool("h2c").unwrap_or(false);
+    let merge_slashes = t.bool("merge_slashes").unwrap_or(true);
+    let escaped_slashes = t
+        .choice(
+            "escaped_slashes",
+            &[
+                ("keep", EscapedSlashes::Keep),
+                ("reject", EscapedSlashes::Reject),
+            ],
+        )
+        .unwrap_or(EscapedSlashes::Keep);
     if h2c && !has_plain {
         p.at(
             &t.key_span("h2c"),
@@ -174,6 +197,8 @@ pub(super) fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
         max_connections_per_ip,
         h2c,
         request_id,
+        merge_slashes,
+        escaped_slashes,
     })
 }
 

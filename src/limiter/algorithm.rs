@@ -7,10 +7,43 @@
 //! Rates are exact: T = period/limit is kept as a fraction with denominator `limit`
 //! (gcra and leaky_bucket store `ms + frac/limit`; token_bucket stores tokens scaled by
 //! `period`), so no float ever rounds a decision.
+//!
+//! Costs cannot wrap (DESIGN §17): a cost is at most `MAX_COST` (2^53), and what state
+//! holds saturates there, as the Lua scripts' doubles stay exact below it: a count of units
+//! stops at 2^53 (more than any limit), a bucket's deficit (tokens × period) and a tat's
+//! lead ((tat − now) × limit) too, and so do the milliseconds a verdict reports. A cost
+//! larger than what is left is refused, never admitted by an overflow.
 
 use std::collections::VecDeque;
 
 use crate::config::Algorithm;
+
+/// The largest cost (DESIGN §17), and the most a count, a bucket's deficit or a tat's lead
+/// holds: 2^53, below which Redis's Lua numbers (doubles) are exact integers.
+pub const MAX_COST: u64 = 1 << 53;
+
+/// A cost as it is charged: at most `MAX_COST`.
+pub fn clamp_cost(cost: u64) -> u64 {
+    cost.min(MAX_COST)
+}
+
+/// `count + cost`, saturating at `MAX_COST`: a count never wraps, and one that reaches it
+/// (more than any limit) stays there.
+pub fn add_units(count: u64, cost: u64) -> u64 {
+    count.saturating_add(cost).min(MAX_COST)
+}
+
+/// Whether `cost` more units fit within `limit` when `count` are used (`count + cost <=
+/// limit`, computed without an overflow).
+pub fn fits(count: u64, cost: u64, limit: u64) -> bool {
+    count <= limit && cost <= limit - count
+}
+
+/// Milliseconds (or units) computed wide, as a verdict or state reports them: at most
+/// `MAX_COST`.
+fn capped(n: u128) -> u64 {
+    n.min(u128::from(MAX_COST)) as u64
+}
 
 /// The numbers of one policy that its algorithm needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,8 +99,9 @@ pub enum State {
 ///
 /// `cost == 0` only observes: it is always allowed, never waits, charges nothing (the
 /// returned state decides the same as the given one) and reports the current `remaining`
-/// and `reset_ms`.
+/// and `reset_ms`. A cost above `MAX_COST` counts as `MAX_COST`.
 pub fn decide(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
+    let cost = clamp_cost(cost);
     match rule.algorithm {
         Algorithm::FixedWindow => fixed_window(rule, state, now, cost),
         Algorithm::SlidingWindow => sliding_window(rule, state, now, cost),
@@ -104,6 +138,7 @@ pub fn charge(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> Option
 /// made at), as far as they still count: a window that has ended keeps nothing to take
 /// back, a bucket never holds more than its capacity. None: nothing changes.
 pub fn refund(rule: &Rule, state: &State, charged_at: u64, cost: u64) -> Option<State> {
+    let cost = clamp_cost(cost);
     let p = rule.period_ms;
     match state {
         State::Window { start, count } if *start == charged_at - charged_at % p => {
@@ -196,8 +231,12 @@ fn fixed_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Ver
         _ => 0,
     };
     let reset_ms = start + rule.period_ms - now;
-    let allowed = cost == 0 || count + cost <= rule.limit;
-    let after = if allowed { count + cost } else { count };
+    let allowed = cost == 0 || fits(count, cost, rule.limit);
+    let after = if allowed {
+        add_units(count, cost)
+    } else {
+        count
+    };
     let verdict = Verdict {
         allowed,
         remaining: rule.limit.saturating_sub(after),
@@ -230,10 +269,12 @@ fn sliding_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (V
     };
     let elapsed = (now - start) as u128;
     let (prev_w, curr_w, cost_w) = (prev as u128, curr as u128, cost as u128);
-    // prev × (period − elapsed) / period + curr + cost ≤ limit, multiplied through by period.
+    // prev × (period − elapsed) / period + curr + cost ≤ limit, multiplied through by period
+    // (curr + cost ≤ limit first: what the scripts need to compare exactly near 2^53).
     let weighted_prev = prev_w * (p - elapsed);
-    let allowed = cost == 0 || weighted_prev + (curr_w + cost_w) * p <= limit * p;
-    let curr_after = if allowed { curr + cost } else { curr };
+    let allowed = cost == 0
+        || (fits(curr, cost, rule.limit) && weighted_prev + (curr_w + cost_w) * p <= limit * p);
+    let curr_after = if allowed { add_units(curr, cost) } else { curr };
     let room = (limit * p).saturating_sub(weighted_prev) / p;
     let remaining = room.saturating_sub(curr_after as u128) as u64;
     let to_window_end = start + rule.period_ms - now;
@@ -310,7 +351,7 @@ fn sliding_log(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verd
         entries.pop_front();
         total -= c;
     }
-    let allowed = cost == 0 || total + cost <= rule.limit;
+    let allowed = cost == 0 || fits(total, cost, rule.limit);
     let retry_after_ms = if allowed {
         0
     } else if cost > rule.limit {
@@ -328,9 +369,11 @@ fn sliding_log(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verd
         }
         at - now
     };
-    if allowed && cost > 0 {
-        entries.push_back((now, cost));
-        total += cost;
+    // The log's units saturate at MAX_COST (only a charge past the limit gets there).
+    let units = cost.min(MAX_COST.saturating_sub(total));
+    if allowed && units > 0 {
+        entries.push_back((now, units));
+        total += units;
     }
     let verdict = Verdict {
         allowed,
@@ -346,6 +389,8 @@ fn sliding_log(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verd
 fn token_bucket(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
     let p = rule.period_ms as i128;
     let capacity = rule.burst as i128 * p;
+    // The deficit (capacity − tokens × period) saturates at MAX_COST.
+    let floor = capacity - i128::from(MAX_COST);
     let (mut scaled, last) = match state {
         Some(State::Bucket { scaled, last }) => (*scaled, *last),
         _ => (capacity, now),
@@ -356,16 +401,22 @@ fn token_bucket(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Ver
     let need = cost as i128 * p;
     // Booked ahead (scaled < 0), `need - scaled` is positive even for cost 0, which never waits.
     let short = if cost == 0 { 0 } else { (need - scaled).max(0) };
-    let wait = ceil_div(short as u128, rule.limit as u128) as u64;
+    let wait = ceil_div(short as u128, rule.limit as u128);
+    // Compared capped: a charge's unbounded booking (max_delay u64::MAX) takes any wait.
+    let wait = capped(wait);
     let allowed = match rule.max_delay_ms {
         Some(max_delay) => wait <= max_delay,
         None => short == 0,
     };
-    let after = if allowed { scaled - need } else { scaled };
+    let after = if allowed {
+        (scaled - need).max(floor)
+    } else {
+        scaled
+    };
     let verdict = Verdict {
         allowed,
         remaining: (after.max(0) / p) as u64,
-        reset_ms: ceil_div((capacity - after) as u128, rule.limit as u128) as u64,
+        reset_ms: capped(ceil_div((capacity - after) as u128, rule.limit as u128)),
         retry_after_ms: if allowed { 0 } else { wait },
         wait_ms: if allowed { wait } else { 0 },
         banned: false,
@@ -397,14 +448,10 @@ fn gcra(
         Some(State::Tat { ms, frac }) if *ms >= now => (*ms, *frac as u128),
         _ => (now, 0),
     };
-    let ahead = (base_ms - now) as u128 * limit + base_frac;
+    // The lead saturates at MAX_COST (a state written before that bound held may be ahead).
+    let ahead = ((base_ms - now) as u128 * limit + base_frac).min(u128::from(MAX_COST));
     let step = cost as u128 * p;
     let new_ahead = ahead + step;
-    let new_ms = now + (new_ahead / limit) as u64;
-    let new_state = State::Tat {
-        ms: new_ms,
-        frac: (new_ahead % limit) as u64,
-    };
     let (allowed, wait, over) = if cost == 0 {
         // Observes: neither queued nor booked ahead.
         (true, 0, 0)
@@ -419,9 +466,15 @@ fn gcra(
     } else {
         let over = ceil_div(new_ahead.saturating_sub(tolerance), limit);
         match rule.max_delay_ms {
-            Some(max_delay) => (over as u64 <= max_delay, over, over),
+            // Compared capped, as token_bucket's wait.
+            Some(max_delay) => (capped(over) <= max_delay, over, over),
             None => (new_ahead <= tolerance, 0, over),
         }
+    };
+    let new_ahead = new_ahead.min(u128::from(MAX_COST));
+    let new_state = State::Tat {
+        ms: now + (new_ahead / limit) as u64,
+        frac: (new_ahead % limit) as u64,
     };
     let after = if allowed { new_ahead } else { ahead };
     let remaining = if shaping {
@@ -437,9 +490,9 @@ fn gcra(
     let verdict = Verdict {
         allowed,
         remaining: remaining as u64,
-        reset_ms: ceil_div(after, limit) as u64,
-        retry_after_ms: if allowed { 0 } else { over as u64 },
-        wait_ms: if allowed { wait as u64 } else { 0 },
+        reset_ms: capped(ceil_div(after, limit)),
+        retry_after_ms: if allowed { 0 } else { capped(over) },
+        wait_ms: if allowed { capped(wait) } else { 0 },
         banned: false,
     };
     let state = if allowed {
@@ -841,6 +894,84 @@ mod tests {
     }
 
     #[test]
+    fn counts_near_2_53_and_2_64_never_wrap() {
+        // 2^64 − 3 after 3 of 10 used: a u64 sum wraps to 0; it must be refused.
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ] {
+            let mut b = Bucket::new(rule(algorithm, 10, 60_000, 10));
+            assert!(b.hit(T0, 3).allowed);
+            let v = b.hit(T0, u64::MAX - 2);
+            assert!(!v.allowed, "{algorithm:?}");
+            assert_eq!(v.remaining, 7, "{algorithm:?}");
+            assert_eq!(
+                b.hit(T0, 0).remaining,
+                7,
+                "{algorithm:?}: the refusal charged"
+            );
+        }
+        // A limit of 2^53: 1 used, 2^53 more does not fit (1 + 2^53 is 2^53 in a double).
+        let mut b = Bucket::new(rule(Algorithm::FixedWindow, MAX_COST, 1_000, MAX_COST));
+        assert!(b.hit(T0, 1).allowed);
+        assert!(!b.hit(T0, MAX_COST).allowed);
+        assert!(b.hit(T0, MAX_COST - 1).allowed);
+        assert_eq!(b.hit(T0, 0).remaining, 0);
+        assert!(!b.hit(T0, 1).allowed);
+    }
+
+    #[test]
+    fn charges_beyond_2_53_saturate() {
+        let charged = |r: Rule, cost| {
+            let mut state = None;
+            for _ in 0..3 {
+                state = charge(&r, state.as_ref(), T0, cost);
+            }
+            state.expect("charged")
+        };
+        let w = rule(Algorithm::FixedWindow, 10, 1_000, 10);
+        assert_eq!(
+            charged(w, u64::MAX),
+            State::Window {
+                start: T0 - T0 % 1_000,
+                count: MAX_COST
+            }
+        );
+        let l = rule(Algorithm::SlidingLog, 10, 1_000, 10);
+        let State::Log { total, entries } = charged(l, MAX_COST - 1) else {
+            panic!("a log")
+        };
+        assert_eq!((total, entries.len()), (MAX_COST, 2));
+        // A bucket's deficit stops at 2^53 (here: tokens × period), a tat's lead too.
+        let t = rule(Algorithm::TokenBucket, 10, 1_000, 10);
+        assert_eq!(
+            charged(t, u64::MAX),
+            State::Bucket {
+                scaled: 10_000 - i128::from(MAX_COST),
+                last: T0
+            }
+        );
+        let g = rule(Algorithm::Gcra, 10, 1_000, 10);
+        let tat = charged(g, u64::MAX);
+        assert_eq!(
+            tat,
+            State::Tat {
+                ms: T0 + MAX_COST / 10,
+                frac: MAX_COST % 10
+            }
+        );
+        let (v, _) = decide(&g, Some(&tat), T0, 1);
+        assert!(!v.allowed);
+        assert!(
+            v.retry_after_ms <= MAX_COST && v.reset_ms <= MAX_COST,
+            "{v:?}"
+        );
+    }
+
+    #[test]
     fn expiry_marks_state_equal_to_none() {
         let cases = [
             (rule(Algorithm::FixedWindow, 5, 1_000, 5), 1),
@@ -866,6 +997,108 @@ mod tests {
                 "{:?}",
                 r.algorithm
             );
+        }
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Costs near the edges that matter (0, 2^53, 2^64) and anywhere.
+        fn cost() -> impl Strategy<Value = u64> {
+            prop_oneof![
+                0..=12u64,
+                (MAX_COST - 3)..=(MAX_COST + 3),
+                (u64::MAX - 3)..=u64::MAX,
+                any::<u64>(),
+            ]
+        }
+
+        #[derive(Debug, Clone, Copy)]
+        enum Op {
+            Decide,
+            Charge,
+            Refund,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![Just(Op::Decide), Just(Op::Charge), Just(Op::Refund)]
+        }
+
+        fn rules() -> impl Strategy<Value = Rule> {
+            let algorithm = prop_oneof![
+                Just(Algorithm::FixedWindow),
+                Just(Algorithm::SlidingWindow),
+                Just(Algorithm::SlidingLog),
+                Just(Algorithm::TokenBucket),
+                Just(Algorithm::Gcra),
+                Just(Algorithm::LeakyBucket),
+            ];
+            (algorithm, 1..=1_000u64, 1..=100_000u64, 1..=1_000u64)
+                .prop_map(|(a, limit, period, burst)| rule(a, limit, period, burst))
+        }
+
+        proptest! {
+            #[test]
+            fn saturating_sums_never_wrap_and_are_monotone(a in cost(), b in cost(), c in cost()) {
+                let sum = add_units(a, b);
+                prop_assert_eq!(u128::from(sum), (u128::from(a) + u128::from(b)).min(u128::from(MAX_COST)));
+                prop_assert!(add_units(a.max(c), b) >= sum);
+                prop_assert!(add_units(a, b.max(c)) >= sum);
+                prop_assert_eq!(fits(a, b, c), u128::from(a) + u128::from(b) <= u128::from(c));
+                prop_assert!(clamp_cost(a) <= MAX_COST);
+                prop_assert!(clamp_cost(a.max(b)) >= clamp_cost(a));
+            }
+
+            /// Whatever came before (decisions, charges and refunds of any size), a request
+            /// is admitted only when its cost fits in what is left; a charge never gives units
+            /// back; nothing a verdict reports, and no state's expiry, runs past 2^53 ms.
+            #[test]
+            fn a_cost_is_admitted_only_when_it_fits(
+                r in rules(),
+                history in proptest::collection::vec((0..5_000u64, op(), cost()), 0..12),
+                asked in cost(),
+            ) {
+                let mut state: Option<State> = None;
+                let mut now = T0;
+                for (dt, op, cost) in history {
+                    now += dt;
+                    state = match op {
+                        Op::Decide => {
+                            let (v, s) = decide(&r, state.as_ref(), now, cost);
+                            if v.allowed { Some(s) } else { state }
+                        }
+                        Op::Charge if r.algorithm != Algorithm::LeakyBucket => {
+                            let before = decide(&r, state.as_ref(), now, 0).0.remaining;
+                            let after = charge(&r, state.as_ref(), now, cost);
+                            if let Some(s) = &after {
+                                let left = decide(&r, Some(s), now, 0).0.remaining;
+                                prop_assert!(left <= before, "a charge of {} gave units back", cost);
+                            }
+                            after.or(state)
+                        }
+                        Op::Charge => state,
+                        Op::Refund => match &state {
+                            Some(s) => refund(&r, s, now, cost).or(state),
+                            None => None,
+                        },
+                    };
+                    if let Some(s) = &state {
+                        prop_assert!(expires_at(&r, s) <= now + MAX_COST + 2 * r.period_ms, "{:?}", s);
+                    }
+                }
+                let left = decide(&r, state.as_ref(), now, 0).0;
+                let (v, _) = decide(&r, state.as_ref(), now, asked);
+                for ms in [v.retry_after_ms, v.reset_ms, v.wait_ms] {
+                    prop_assert!(ms <= MAX_COST, "{:?}", v);
+                }
+                if v.allowed && r.algorithm != Algorithm::LeakyBucket {
+                    prop_assert!(asked <= left.remaining, "{} admitted with {} left", asked, left.remaining);
+                }
+                if asked > MAX_COST {
+                    prop_assert_eq!(v, decide(&r, state.as_ref(), now, MAX_COST).0);
+                }
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::algorithm::{Rule, Verdict};
+use crate::auth::consumers::{Changed, ConsumerChange};
 
 /// One policy's question for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +132,18 @@ pub trait Backend: Send + Sync {
         _value: Option<&str>,
     ) -> Result<(), BackendError> {
         Ok(())
+    }
+
+    /// A shared backend: makes `change` to the runtime consumers kept in the hash `hash`,
+    /// atomically against every other change from any instance (compare-and-set).
+    async fn change_consumer(
+        &self,
+        _hash: &str,
+        _change: &ConsumerChange,
+    ) -> Result<Changed, BackendError> {
+        Err(BackendError::Script(
+            "runtime consumers are kept in the process".into(),
+        ))
     }
 
     /// A shared backend: publishes `message` to every instance following `channel`.

@@ -7,6 +7,10 @@
 //! policy's key, or a runtime override set since), so an entry remembers its `Rule` and
 //! answers only a request resolved to the same one; any other asks the backend. A ban
 //! holds for the key whatever its numbers, so a ban entry answers every request.
+//!
+//! Costs: a denial holds for its cost and any larger one, not for a smaller one (a request
+//! of 2^53 units refused must not refuse the next of 1; an RLS `hits_addend`, a `reserve =
+//! "request"` bound, vary per request), so an entry remembers its cost too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,11 +21,13 @@ use super::algorithm::Rule;
 
 const SHARDS: usize = 16;
 
-/// Until when a key is denied, and for which numbers (`None`: banned, for all of them).
+/// Until when a key is denied, for which numbers (`None`: banned, for all of them) and from
+/// which cost up.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     until: u64,
     rule: Option<Rule>,
+    cost: u64,
 }
 
 /// A cached denial that answers a request.
@@ -55,13 +61,13 @@ impl DenyCache {
     }
 
     /// Milliseconds until `key` may pass, if it is still known to be over its limit with
-    /// `rule`'s numbers, or banned.
-    pub fn get(&self, key: &str, now: u64, rule: &Rule) -> Option<Hit> {
+    /// `rule`'s numbers for `cost`, or banned.
+    pub fn get(&self, key: &str, now: u64, rule: &Rule, cost: u64) -> Option<Hit> {
         let mut shard = self.shard(key).lock();
         match shard.get(key) {
             Some(e) if e.until > now => {
                 let banned = e.rule.is_none();
-                (banned || e.rule.as_ref() == Some(rule)).then(|| Hit {
+                (banned || (e.rule.as_ref() == Some(rule) && cost >= e.cost)).then(|| Hit {
                     retry_after_ms: e.until - now,
                     banned,
                 })
@@ -79,9 +85,10 @@ impl DenyCache {
         self.shards.iter().map(|s| s.lock().len()).sum()
     }
 
-    /// `key` is over its limit with `rule`'s numbers until `until`.
-    pub fn insert(&self, key: &str, until: u64, rule: &Rule) {
-        self.put(key, until, Some(*rule));
+    /// `key` is over its limit with `rule`'s numbers until `until`, for `cost` (> 0) and
+    /// more.
+    pub fn insert(&self, key: &str, until: u64, rule: &Rule, cost: u64) {
+        self.put(key, until, Some(*rule), cost);
     }
 
     /// Drops whatever is known about `key` (a reset).
@@ -91,10 +98,10 @@ impl DenyCache {
 
     /// `key` is banned until `until`.
     pub fn insert_ban(&self, key: &str, until: u64) {
-        self.put(key, until, None);
+        self.put(key, until, None, 0);
     }
 
-    fn put(&self, key: &str, until: u64, rule: Option<Rule>) {
+    fn put(&self, key: &str, until: u64, rule: Option<Rule>, cost: u64) {
         let mut shard = self.shard(key).lock();
         if shard.len() >= self.per_shard && !shard.contains_key(key) {
             // Full: forget the entry that frees soonest among a few.
@@ -107,7 +114,7 @@ impl DenyCache {
                 shard.remove(&victim);
             }
         }
-        shard.insert(key.to_owned(), Entry { until, rule });
+        shard.insert(key.to_owned(), Entry { until, rule, cost });
     }
 }
 
@@ -130,31 +137,31 @@ mod tests {
     #[test]
     fn entries_last_until_retry_after() {
         let c = DenyCache::new(100);
-        c.insert("k", 1_500, &rule(3));
+        c.insert("k", 1_500, &rule(3), 1);
         let hit = |ms| {
             Some(Hit {
                 retry_after_ms: ms,
                 banned: false,
             })
         };
-        assert_eq!(c.get("k", 1_000, &rule(3)), hit(500));
-        assert_eq!(c.get("k", 1_500, &rule(3)), None);
-        assert_eq!(c.get("other", 1_000, &rule(3)), None);
+        assert_eq!(c.get("k", 1_000, &rule(3), 1), hit(500));
+        assert_eq!(c.get("k", 1_500, &rule(3), 1), None);
+        assert_eq!(c.get("other", 1_000, &rule(3), 1), None);
     }
 
     #[test]
     fn a_denial_answers_only_its_numbers_and_a_ban_all() {
         let c = DenyCache::new(100);
-        c.insert("k", 1_500, &rule(3));
+        c.insert("k", 1_500, &rule(3), 1);
         assert_eq!(
-            c.get("k", 1_000, &rule(10)),
+            c.get("k", 1_000, &rule(10), 1),
             None,
             "other numbers ask the backend"
         );
-        assert!(c.get("k", 1_000, &rule(3)).is_some());
+        assert!(c.get("k", 1_000, &rule(3), 1).is_some());
         c.insert_ban("k", 9_000);
         assert_eq!(
-            c.get("k", 1_000, &rule(10)),
+            c.get("k", 1_000, &rule(10), 0),
             Some(Hit {
                 retry_after_ms: 8_000,
                 banned: true
@@ -163,10 +170,24 @@ mod tests {
     }
 
     #[test]
+    fn a_denial_answers_its_cost_and_more_only() {
+        let c = DenyCache::new(100);
+        c.insert("k", 1_500, &rule(3), 1 << 53);
+        assert_eq!(
+            c.get("k", 1_000, &rule(3), 1),
+            None,
+            "a smaller cost may fit"
+        );
+        assert_eq!(c.get("k", 1_000, &rule(3), 0), None, "cost 0 only reads");
+        assert!(c.get("k", 1_000, &rule(3), 1 << 53).is_some());
+        assert!(c.get("k", 1_000, &rule(3), u64::MAX).is_some());
+    }
+
+    #[test]
     fn size_is_bounded() {
         let c = DenyCache::new(32);
         for i in 0..10_000 {
-            c.insert(&format!("k{i}"), 5_000, &rule(1));
+            c.insert(&format!("k{i}"), 5_000, &rule(1), 1);
         }
         let total: usize = c.shards.iter().map(|s| s.lock().len()).sum();
         assert!(total <= 32, "{total}");

@@ -6,9 +6,8 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::backend::BackendError;
 use super::{runtime, Limiter};
-use crate::auth::consumers::{self, RuntimeConsumer, RuntimeConsumers};
+use crate::auth::consumers::RuntimeConsumers;
 use crate::clock::unix_ms;
 use crate::config::Policy;
 use crate::key::{self, RequestFacts};
@@ -73,50 +72,5 @@ impl Limiter {
             );
         }
         Some(ban_ms)
-    }
-
-    /// Creates or replaces a runtime consumer, here and (shared backend) for the fleet.
-    pub async fn set_consumer(&self, consumer: RuntimeConsumer) -> Result<(), BackendError> {
-        if self.backend.shared() {
-            let value = serde_json::to_string(&consumer)
-                .map_err(|e| BackendError::Script(e.to_string()))?;
-            let hash = consumers::hash_name(&self.settings.key_prefix);
-            self.bounded(self.backend.hash_write(&hash, &consumer.name, Some(&value)))
-                .await?;
-        }
-        self.shared.consumers.set(consumer);
-        self.announce(consumers::CHANGED).await
-    }
-
-    /// Deletes a runtime consumer and its keys; whether there was one.
-    pub async fn delete_consumer(&self, name: &str) -> Result<bool, BackendError> {
-        if self.backend.shared() {
-            let hash = consumers::hash_name(&self.settings.key_prefix);
-            self.bounded(self.backend.hash_write(&hash, name, None))
-                .await?;
-        }
-        let had = self.shared.consumers.remove(name);
-        self.announce(consumers::CHANGED).await?;
-        Ok(had)
-    }
-
-    /// The runtime consumer `name` as the fleet has it now (re-read from a shared backend,
-    /// so a change made through another instance is never overwritten with a stale copy).
-    pub async fn fresh_consumer(
-        &self,
-        name: &str,
-    ) -> Result<Option<RuntimeConsumer>, BackendError> {
-        if self.backend.shared() {
-            let hash = consumers::hash_name(&self.settings.key_prefix);
-            let shared = self.shared.clone();
-            let backend = self.backend.clone();
-            self.bounded(async move {
-                runtime::reload_consumers(&shared, backend.as_ref(), &hash)
-                    .await
-                    .map_err(BackendError::Connection)
-            })
-            .await?;
-        }
-        Ok(self.shared.consumers.get(name))
     }
 }

@@ -46,8 +46,12 @@ impl Limiter {
                 .unwrap_or_else(|| policy.numbers());
             let rule = rule_of(policy, numbers);
             let enforce = policy.mode == Mode::Enforce;
+            // The caller refuses costs above 2^53 (RLS: INVALID_ARGUMENT); none reaches a
+            // backend, whose arithmetic is exact only up to there.
+            let cost = algorithm::clamp_cost(item.cost);
             if enforce {
-                if let Some(denied) = self.cached_denial(policy, item.policy, &key, now, rule) {
+                if let Some(denied) = self.cached_denial(policy, item.policy, &key, now, rule, cost)
+                {
                     results[i] = Some(denied);
                     violated.push(item.policy);
                     continue;
@@ -56,7 +60,7 @@ impl Limiter {
             checks.push(Check {
                 key,
                 rule,
-                cost: item.cost,
+                cost,
                 enforce,
                 ban_ms: if enforce {
                     policy.ban.as_millis() as u64

@@ -112,7 +112,8 @@ impl MemoryBackend {
                 }
             }
         } else {
-            // A key its policy rejects now is banned from now on.
+            // A key its policy rejects now is banned from now on, and answered as a ban is
+            // (DESIGN §17): its wait is the ban's, never the window's.
             for (check, (verdict, _)) in checks.iter().zip(outcomes.iter_mut()) {
                 if check.enforce && check.ban_ms > 0 && !verdict.allowed && !verdict.banned {
                     let per_shard = self.per_shard;
@@ -122,7 +123,8 @@ impl MemoryBackend {
                         now,
                         per_shard,
                     );
-                    verdict.retry_after_ms = verdict.retry_after_ms.max(check.ban_ms);
+                    verdict.retry_after_ms = check.ban_ms;
+                    verdict.reset_ms = check.ban_ms;
                 }
             }
         }
@@ -430,6 +432,15 @@ mod tests {
             !v.allowed && !v.banned && v.retry_after_ms == 5_000,
             "{v:?}"
         );
+        // A ban shorter than the window's wait answers with its own.
+        let mut short = check("short", Algorithm::FixedWindow, 1, true);
+        short.rule.period_ms = 60_000;
+        short.ban_ms = 2_000;
+        assert!(m.decide_now(std::slice::from_ref(&short), 1_000)[0].allowed);
+        let v = m.decide_now(std::slice::from_ref(&short), 1_000)[0];
+        assert_eq!((v.retry_after_ms, v.reset_ms), (2_000, 2_000), "{v:?}");
+        let v = m.decide_now(std::slice::from_ref(&short), 2_500)[0];
+        assert!(v.banned && v.retry_after_ms == 500, "{v:?}");
         // The window turned, but the ban holds until 6_500.
         let v = m.decide_now(std::slice::from_ref(&c), 2_000)[0];
         assert!(v.banned && v.retry_after_ms == 4_500, "{v:?}");

@@ -6,6 +6,7 @@
 
 pub mod algorithm;
 pub mod backend;
+pub mod connections;
 mod deny_cache;
 mod identity;
 pub mod keyed;
@@ -554,8 +555,11 @@ impl Limiter {
             }
             let enforce = policy.mode == Mode::Enforce;
             let rule = rule_of(policy, self.numbers_for(policy, &key, req));
+            let cost = policy
+                .reserve_request
+                .map_or(policy.cost, |most| req.request_bound.unwrap_or(most));
             if enforce && policy.algorithm != Algorithm::Concurrency {
-                if let Some(denied) = self.cached_denial(policy, id, &key, now, rule) {
+                if let Some(denied) = self.cached_denial(policy, id, &key, now, rule, cost) {
                     outcome.policies.push(denied);
                     violated.push(id);
                     continue;
@@ -564,9 +568,7 @@ impl Limiter {
             checks.push(Check {
                 key,
                 rule,
-                cost: policy
-                    .reserve_request
-                    .map_or(policy.cost, |most| req.request_bound.unwrap_or(most)),
+                cost,
                 enforce,
                 // Shadow policies ban nobody.
                 ban_ms: if enforce {
@@ -599,8 +601,9 @@ impl Limiter {
         outcome
     }
 
-    /// What the deny cache answers for `key` (policy `id`'s, under `rule`) when it holds a
-    /// denial: the request is refused without asking the backend (counted).
+    /// What the deny cache answers for `key` (policy `id`'s, under `rule`, asked for `cost`)
+    /// when it holds a denial that covers it: the request is refused without asking the
+    /// backend (counted).
     fn cached_denial(
         &self,
         policy: &Policy,
@@ -608,8 +611,9 @@ impl Limiter {
         key: &str,
         now: u64,
         rule: Rule,
+        cost: u64,
     ) -> Option<PolicyOutcome> {
-        let hit = self.deny_cache.as_ref()?.get(key, now, &rule)?;
+        let hit = self.deny_cache.as_ref()?.get(key, now, &rule, cost)?;
         self.metrics
             .deny_cache_hits
             .with_label_values(&[&policy.name])
@@ -636,8 +640,9 @@ impl Limiter {
 
     /// Settles the charges of one request's metered policies once its response is known:
     /// each with the units its response cost (`None`: no usable cost was found, so the
-    /// charge stands when `kept`, else is refunded). One backend call per backend, bounded
-    /// by the limiter's timeout; a failure leaves the charge as it was (counted).
+    /// charge stands when `kept`, else is refunded). A cost above 2^53 (a header's, a usage
+    /// sum's) is charged as 2^53 (DESIGN §17). One backend call per backend, bounded by the
+    /// limiter's timeout; a failure leaves the charge as it was (counted).
     pub async fn settle(&self, route: usize, policies: &[Policy], settled: Vec<(Charge, Settled)>) {
         let mut by_backend: Vec<(Arc<dyn Backend>, Vec<Adjustment>)> = Vec::new();
         let now = self.clock.now_ms();
@@ -655,7 +660,7 @@ impl Limiter {
             };
             units("reserved", held);
             let cost = match how {
-                Settled::Cost(cost) => cost,
+                Settled::Cost(cost) => algorithm::clamp_cost(cost),
                 Settled::Kept => held,
                 Settled::Refunded => 0,
                 Settled::Missing { kept } => {
@@ -672,7 +677,8 @@ impl Limiter {
             };
             units("charged", cost);
             units("refunded", held.saturating_sub(cost));
-            let amount = cost as i64 - held as i64;
+            // Both at most 2^53 (a reservation is a checked cost): no overflow.
+            let amount = cost as i64 - algorithm::clamp_cost(held) as i64;
             if amount == 0 {
                 continue;
             }
@@ -900,7 +906,12 @@ impl Limiter {
                             if check.ban_ms > 0 {
                                 cache.insert_ban(&check.key, now + v.retry_after_ms);
                             } else {
-                                cache.insert(&check.key, now + v.retry_after_ms, &check.rule);
+                                cache.insert(
+                                    &check.key,
+                                    now + v.retry_after_ms,
+                                    &check.rule,
+                                    check.cost,
+                                );
                             }
                         }
                     }

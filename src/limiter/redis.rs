@@ -56,6 +56,7 @@ use super::algorithm::Verdict;
 use super::backend::{Adjustment, Backend, BackendError, Check, Listener};
 use super::pubsub;
 use super::scripts::{self, Mode, Reply, Request};
+use crate::auth::consumers::{Changed, ConsumerChange};
 use crate::config::{self, ClockSource};
 
 /// A pause between two Sentinel look-ups of the master, so an outage does not flood them.
@@ -347,6 +348,18 @@ impl Store {
         Ok(verdicts)
     }
 
+    /// One change to the runtime consumers: `lua/consumer.lua`, run whole by Redis.
+    async fn change_consumer(
+        self,
+        hash: String,
+        change: ConsumerChange,
+    ) -> Result<Changed, BackendError> {
+        let call = scripts::consumer_invocation(&hash, &change);
+        let result = call.invoke_async::<(i64, String)>(&mut self.conn()?).await;
+        let (status, consumer) = self.checked(result)?;
+        scripts::decode_consumer(status, &consumer)
+    }
+
     /// Runs one command on the store (the master for Sentinel).
     async fn query<T: redis::FromRedisValue + Send>(
         self,
@@ -479,6 +492,19 @@ impl Backend for RedisBackend {
         let store = self.store.clone();
         self.run(async move { store.query::<i64>(cmd).await.map(|_| ()) })
             .await
+    }
+
+    /// A Lua script rather than WATCH/MULTI: WATCH holds per connection, and every call here
+    /// shares one multiplexed connection; a script needs no connection of its own, no
+    /// retries when another instance got in between, one round trip, and on a Cluster it
+    /// runs where its one key lives.
+    async fn change_consumer(
+        &self,
+        hash: &str,
+        change: &ConsumerChange,
+    ) -> Result<Changed, BackendError> {
+        let (store, hash, change) = (self.store.clone(), hash.to_owned(), change.clone());
+        self.run(store.change_consumer(hash, change)).await
     }
 
     async fn announce(&self, channel: &str, message: &str) -> Result<(), BackendError> {
@@ -636,7 +662,9 @@ async fn ban_denied(
             if let Err(e) = set {
                 log::warn!("redis limiter: could not set a ban: {e}");
             }
-            verdict.retry_after_ms = verdict.retry_after_ms.max(check.ban_ms);
+            // Answered as a ban is (DESIGN §17): the ban's wait, never the window's.
+            verdict.retry_after_ms = check.ban_ms;
+            verdict.reset_ms = check.ban_ms;
         }
     }
 }

@@ -14,9 +14,10 @@ use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
-use super::backend::{Backend, Listener};
+use super::backend::{Backend, BackendError, Listener};
 use super::deny_cache::DenyCache;
-use crate::auth::consumers::{RuntimeConsumer, RuntimeConsumers};
+use super::Limiter;
+use crate::auth::consumers::{self, Changed, ConsumerChange, RuntimeConsumer, RuntimeConsumers};
 use crate::clock::unix_ms;
 use crate::config::Numbers;
 
@@ -57,6 +58,9 @@ pub struct Shared {
     deny_cache: Mutex<Option<DenyCache>>,
     /// Consumers created through the admin API (DESIGN §11).
     pub consumers: Arc<RuntimeConsumers>,
+    /// Held from reading the fleet's consumers until they are stored: a read that began
+    /// later never lands before one that began earlier, so a revoke once seen stays seen.
+    consumers_read: tokio::sync::Mutex<()>,
     /// Addresses banned by `max_failures`: storage key -> until (Unix ms), checked before
     /// any credential, here and (announced) on every instance.
     auth_bans: Mutex<HashMap<String, u64>>,
@@ -183,12 +187,13 @@ pub const CHANGED: &str = "override";
 pub const RESET: &str = "reset ";
 pub const BAN: &str = "ban ";
 
-/// Reads the fleet's runtime consumers into `shared`.
+/// Reads the fleet's runtime consumers into `shared`, one read at a time.
 pub async fn reload_consumers(
     shared: &Shared,
     backend: &dyn Backend,
     hash: &str,
 ) -> Result<(), String> {
+    let _reading = shared.consumers_read.lock().await;
     let entries = backend.hash_read(hash).await.map_err(|e| e.to_string())?;
     let mut list = Vec::with_capacity(entries.len());
     for (field, value) in entries {
@@ -199,6 +204,44 @@ pub async fn reload_consumers(
     }
     shared.consumers.replace(list);
     Ok(())
+}
+
+impl Limiter {
+    /// Makes one change to the runtime consumers (DESIGN §11, §17) against what is stored
+    /// now, never a copy read earlier: with a shared backend in one atomic call for the
+    /// fleet (`lua/consumer.lua`), after which this instance re-reads the fleet's consumers
+    /// and the others are told to; in process under one lock. So a key revoked anywhere
+    /// stays revoked whatever else is changed at the same time.
+    pub async fn change_consumer(&self, change: &ConsumerChange) -> Result<Changed, BackendError> {
+        if !self.backend.shared() {
+            return Ok(self.shared.consumers.change(change));
+        }
+        let hash = consumers::hash_name(&self.settings.key_prefix);
+        let changed = self
+            .bounded(self.backend.change_consumer(&hash, change))
+            .await?;
+        if !matches!(changed, Changed::Done(_)) {
+            return Ok(changed);
+        }
+        let (shared, backend) = (self.shared.clone(), self.backend.clone());
+        let reread = self
+            .bounded(async move {
+                reload_consumers(&shared, backend.as_ref(), &hash)
+                    .await
+                    .map_err(BackendError::Connection)
+            })
+            .await;
+        if let Err(e) = reread {
+            // Made for the fleet, which is told; this instance catches up on its next read.
+            log::warn!("runtime consumers: re-reading after a change failed: {e}");
+        }
+        // The change is made and answered as made; an instance that missed the word
+        // catches up when it next reads the fleet's consumers.
+        if let Err(e) = self.announce(consumers::CHANGED).await {
+            log::warn!("runtime consumers: announcing a change failed: {e}");
+        }
+        Ok(changed)
+    }
 }
 
 /// Reads the fleet's overrides into `shared`, dropping (and deleting) expired ones.

@@ -20,6 +20,7 @@ use redis::{Script, ScriptInvocation};
 
 use super::algorithm::Verdict;
 use super::backend::{Adjustment, BackendError, Check};
+use crate::auth::consumers::{Changed, ConsumerChange, RuntimeConsumer};
 use crate::config::Algorithm;
 
 const COMMON: &str = include_str!("../../lua/common.lua");
@@ -315,6 +316,54 @@ pub(crate) fn renew_invocation(
     call
 }
 
+/// `lua/consumer.lua`: one change to the runtime consumers, a compare-and-set because Redis
+/// runs it whole. A script of its own, loaded on first use: it shares nothing with the
+/// limiter's.
+fn consumer_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(include_str!("../../lua/consumer.lua")))
+}
+
+/// Makes `change` to the runtime consumers in the hash `hash`; the reply is read by
+/// `decode_consumer`.
+pub(crate) fn consumer_invocation(
+    hash: &str,
+    change: &ConsumerChange,
+) -> ScriptInvocation<'static> {
+    let mut call = consumer_script().prepare_invoke();
+    call.key(hash);
+    match change {
+        ConsumerChange::Put { name, plan } => {
+            call.arg("put").arg(name).arg(plan.as_deref().unwrap_or(""));
+        }
+        ConsumerChange::Delete { name } => {
+            call.arg("delete").arg(name);
+        }
+        ConsumerChange::AddKey { name, key } => {
+            call.arg("add_key").arg(name).arg(&key.id).arg(&key.digest);
+        }
+        ConsumerChange::RevokeKey { name, id } => {
+            call.arg("revoke_key").arg(name).arg(id);
+        }
+    }
+    call
+}
+
+/// Reads `lua/consumer.lua`'s reply `{status, consumer}`.
+pub(crate) fn decode_consumer(status: i64, consumer: &str) -> Result<Changed, BackendError> {
+    match status {
+        1 if consumer.is_empty() => Ok(Changed::Done(None)),
+        1 => serde_json::from_str::<RuntimeConsumer>(consumer)
+            .map(|c| Changed::Done(Some(c)))
+            .map_err(|e| BackendError::Script(format!("consumer.lua wrote {consumer:?}: {e}"))),
+        0 => Ok(Changed::NoConsumer),
+        2 => Ok(Changed::NoKey),
+        other => Err(BackendError::Script(format!(
+            "consumer.lua: unknown status {other}"
+        ))),
+    }
+}
+
 /// Reads the reply of a `mode` call (`Decide` or `Peek`) for checks with these enforce
 /// flags, in the order they were passed.
 pub(crate) fn decode(reply: &[i64], mode: Mode, enforce: &[bool]) -> Result<Reply, BackendError> {
@@ -391,6 +440,26 @@ mod tests {
     use super::*;
     use crate::config::Algorithm;
     use crate::limiter::algorithm::Rule;
+
+    #[test]
+    fn consumer_replies_read_as_the_change_came_out() {
+        let json = r#"{"name":"acme","plan":null,"keys":[{"id":"k1","digest":"ab"}]}"#;
+        let Ok(Changed::Done(Some(c))) = decode_consumer(1, json) else {
+            panic!("a consumer")
+        };
+        assert_eq!((c.name.as_str(), c.plan, c.keys.len()), ("acme", None, 1));
+        // cjson would write an empty list as `{}`: the script writes `[]` itself.
+        let empty = r#"{"name":"acme","plan":"gold","keys":[]}"#;
+        assert!(matches!(
+            decode_consumer(1, empty),
+            Ok(Changed::Done(Some(_)))
+        ));
+        assert_eq!(decode_consumer(1, ""), Ok(Changed::Done(None)));
+        assert_eq!(decode_consumer(0, ""), Ok(Changed::NoConsumer));
+        assert_eq!(decode_consumer(2, ""), Ok(Changed::NoKey));
+        assert!(decode_consumer(3, "").is_err());
+        assert!(decode_consumer(1, "{}").is_err());
+    }
 
     #[test]
     fn a_script_holds_exactly_the_algorithms_of_its_set() {

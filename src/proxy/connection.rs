@@ -12,11 +12,9 @@
 //! preface, read here under the header deadline) goes to Pingora's own HTTP/2 handling,
 //! bounded by `h2_idle_timeout`; `sluice_connections` counts it under `protocol="h2"`.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -24,10 +22,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use parking_lot::Mutex;
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
-use pingora::protocols::l4::socket::SocketAddr;
 use pingora::protocols::raw_connect::ProxyDigest;
 use pingora::protocols::tls::SslDigest;
 use pingora::protocols::tls::TlsRef;
@@ -62,26 +58,9 @@ impl ServerApp for Edge {
         let conn = {
             let gateway = self.app.current.load();
             let server = &gateway.config.server;
-            let peer = stream
-                .get_socket_digest()
-                .and_then(|d| d.peer_addr().and_then(SocketAddr::as_inet).map(|a| a.ip()));
-            let mut slot = None;
-            if let (Some(ip), cap @ 1..) = (peer, server.max_connections_per_ip) {
-                // A trusted proxy carries many clients on its connections: not capped.
-                if !server.trusted_proxies.iter().any(|net| net.contains(&ip)) {
-                    match self.per_ip.acquire(ip, cap) {
-                        Some(s) => slot = Some(s),
-                        None => {
-                            self.app
-                                .metrics
-                                .connections_rejected
-                                .with_label_values(&["per_ip"])
-                                .inc();
-                            return None;
-                        }
-                    }
-                }
-            }
+            let Ok(slot) = self.per_ip.admit(&stream, server, &self.app.metrics) else {
+                return None;
+            };
             ClientConn::new(
                 stream,
                 server.header_timeout,
@@ -133,47 +112,9 @@ impl ServerApp for Edge {
     }
 }
 
-/// Open connections per client address, for `max_connections_per_ip`.
-#[derive(Default)]
-pub struct PerIp(Mutex<HashMap<IpAddr, u32>>);
-
-impl PerIp {
-    /// A slot for one more connection from `ip`, or `None` when it already holds `cap`.
-    pub fn acquire(self: &Arc<Self>, ip: IpAddr, cap: u32) -> Option<IpSlot> {
-        let mut counts = self.0.lock();
-        let n = counts.entry(ip).or_insert(0);
-        if *n >= cap {
-            return None;
-        }
-        *n += 1;
-        Some(IpSlot {
-            ip,
-            table: self.clone(),
-        })
-    }
-
-    pub fn open(&self, ip: IpAddr) -> u32 {
-        self.0.lock().get(&ip).copied().unwrap_or(0)
-    }
-}
-
-/// One counted connection; released when the connection closes.
-pub struct IpSlot {
-    ip: IpAddr,
-    table: Arc<PerIp>,
-}
-
-impl Drop for IpSlot {
-    fn drop(&mut self) {
-        let mut counts = self.table.0.lock();
-        if let Some(n) = counts.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.ip);
-            }
-        }
-    }
-}
+/// Open connections per client address, for `max_connections_per_ip`: the limiter's, so
+/// the RLS listener admits by the same rule.
+pub use crate::limiter::connections::{IpSlot, PerIp};
 
 /// Where a connection is between requests; each phase has its own read deadline.
 const HEADER: u8 = 0;
@@ -587,26 +528,5 @@ impl Peek for ClientConn {
             return Ok(false);
         }
         self.inner.try_peek(buf).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn per_ip_caps_and_releases() {
-        let table = Arc::new(PerIp::default());
-        let ip: IpAddr = [192, 0, 2, 1].into();
-        let a = table.acquire(ip, 2);
-        let b = table.acquire(ip, 2);
-        assert!(a.is_some() && b.is_some());
-        assert!(table.acquire(ip, 2).is_none());
-        assert!(table.acquire([192, 0, 2, 2].into(), 2).is_some());
-        drop(a);
-        assert_eq!(table.open(ip), 1);
-        assert!(table.acquire(ip, 2).is_some());
-        drop(b);
-        assert_eq!(table.open(ip), 0);
     }
 }

@@ -1,6 +1,7 @@
 //! The Pingora proxy: route, decide in `request_filter`, forward, count in `logging`.
 
 pub mod connection;
+pub mod decode;
 pub mod usage;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -18,7 +19,7 @@ use pingora::upstreams::peer::{HttpPeer, Peer};
 
 use crate::auth::{self, Identity, Presented};
 use crate::config::{
-    AccessLog, AuthMode, HeaderRules, KeyPart, Metering, PathMatch, RedirectTo, Scheme, Target,
+    AccessLog, AuthMode, HeaderRules, Metering, PathMatch, RedirectTo, Scheme, Target,
     UpstreamProtocol, AUTH_FAILURES,
 };
 use crate::gateway::{App, Gateway};
@@ -28,7 +29,7 @@ use crate::response;
 use crate::routing::{self, UNMATCHED};
 use crate::upstream;
 use connection::ClientConn;
-use usage::UsageMeter;
+use decode::BodyMeter;
 
 /// Concurrent requests multiplexed on one HTTP/2 connection to an upstream before another
 /// is opened (Pingora's default is 1, which would make h2 upstreams one connection per stream).
@@ -51,10 +52,19 @@ pub struct Ctx {
     leases: Vec<Lease>,
     /// Charges of metered policies the response settles (DESIGN §12).
     charges: Vec<Charge>,
-    /// `cost = { usage = … }`: the upstream's body read as it passes, and whether it
-    /// ended whole (a cut stream has no usable cost).
-    usage: Option<Box<UsageMeter>>,
+    /// `cost = { usage = … }`: the upstream's body read as it passes (through its
+    /// Content-Encoding), and whether it ended whole (a cut stream has no usable cost).
+    usage: Option<BodyMeter>,
     body_ended: bool,
+    /// The upstream's status once its response header came: a client that goes away
+    /// from a 2xx keeps its charges (DESIGN §17).
+    upstream_status: Option<u16>,
+    /// A metered request's body, read whole before the decision and sent on as this
+    /// (DESIGN §12, §17): what Pingora replays of it from its retry buffer is replaced.
+    request_body: Option<Bytes>,
+    /// A body of unknown length on a `usage = "openai"` route, held until it ends to be
+    /// asked for its usage (DESIGN §17).
+    held_body: Option<Vec<u8>>,
     upstream_started: Option<Instant>,
     /// Servers tried for this request, in order; the last one is answering it.
     upstream_tried: Vec<std::net::SocketAddr>,
@@ -67,6 +77,9 @@ pub struct Ctx {
     presented: Presented,
     /// `[server] request_id`: its header and this request's id.
     request_id: Option<(http::HeaderName, http::HeaderValue)>,
+    /// The request's path in its normal form (DESIGN §17), when the client spelled it
+    /// otherwise: the upstream gets it (the access log keeps the path as sent).
+    path: Option<String>,
 }
 
 impl Drop for Ctx {
@@ -211,6 +224,9 @@ impl ProxyHttp for Proxy {
             charges: Vec::new(),
             usage: None,
             body_ended: false,
+            upstream_status: None,
+            request_body: None,
+            held_body: None,
             upstream_started: None,
             upstream_tried: Vec::new(),
             body_limit: 0,
@@ -218,6 +234,7 @@ impl ProxyHttp for Proxy {
             identity: Identity::anonymous(),
             presented: Presented::default(),
             request_id: None,
+            path: None,
         }
     }
 
@@ -288,6 +305,31 @@ impl ProxyHttp for Proxy {
         };
 
         let grpc = response::is_grpc(&req.headers);
+        // One path, one spelling (DESIGN §17): routes, keys and the upstream see the
+        // normal form of the path; one that has none is refused.
+        let server = &config.server;
+        let normal = routing::normalize_path(&path, server.merge_slashes, server.escaped_slashes);
+        let normal = match normal {
+            Ok(std::borrow::Cow::Borrowed(_)) => None,
+            Ok(std::borrow::Cow::Owned(normal)) => Some(normal),
+            Err(why) => {
+                let extra = Extra::of(ctx, &gateway);
+                if grpc {
+                    let invalid = response::GrpcStatus::InvalidArgument;
+                    let status = response::grpc_status(invalid, why.detail());
+                    write_grpc(session, &status, extra).await?;
+                } else {
+                    let body = response::problem(400, "Bad Request", why.detail());
+                    write_response(session, 400, &[], response::PROBLEM, body.into(), extra)
+                        .await?;
+                }
+                return Ok(true);
+            }
+        };
+        let path = match normal {
+            Some(normal) => ctx.path.insert(normal).clone(),
+            None => path,
+        };
         let found = gateway
             .routes
             .find(&config.routes, &host, &path, &method, scheme);
@@ -333,15 +375,20 @@ impl ProxyHttp for Proxy {
         {
             return Ok(true);
         }
-        let reserves = route
-            .policies
-            .iter()
-            .any(|&id| config.policies[id].reserve_request.is_some());
-        let request_bound = match reserves {
-            false => None,
-            true => match request_bound(session).await? {
-                Some(bound) => bound,
-                None => {
+        let needs = BodyNeeds::of(config, route);
+        let mut request_bound = None;
+        if needs.bound || needs.usage {
+            match read_body(session).await? {
+                RequestBody::Whole(body) => {
+                    if needs.bound {
+                        request_bound = usage::request_bound(&body);
+                    }
+                    let asked = needs.usage.then(|| usage::ask_for_usage(&body)).flatten();
+                    ctx.request_body = Some(asked.map_or(body, Bytes::from));
+                }
+                RequestBody::Unknown if needs.usage => ctx.held_body = Some(Vec::new()),
+                RequestBody::Unknown | RequestBody::Empty => {}
+                RequestBody::TooLarge => {
                     session.set_keepalive(None);
                     let body = response::problem(
                         413,
@@ -359,8 +406,8 @@ impl ProxyHttp for Proxy {
                     .await?;
                     return Ok(true);
                 }
-            },
-        };
+            }
+        }
         let req = session.req_header();
         let client_cert = crate::tls::client_cert_id(session.digest());
         let facts = RequestFacts {
@@ -446,15 +493,26 @@ impl ProxyHttp for Proxy {
         &self,
         _session: &mut Session,
         body: &mut Option<Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        if let Some(whole) = &ctx.request_body {
+            // Read before the decision: what Pingora replays (the last 64 KiB or less of
+            // it, once per upstream tried) is the end of this; the whole goes instead.
+            if body.is_some() {
+                *body = Some(whole.clone());
+            }
+            return Ok(());
+        }
         // A chunked (or HTTP/2) body has no length up front: stop it at the limit.
         if let (Some(chunk), 1..) = (body.as_ref(), ctx.body_limit) {
             ctx.body_seen += chunk.len() as u64;
             if ctx.body_seen > ctx.body_limit {
                 return Error::e_explain(ErrorType::HTTPStatus(413), "max_request_body exceeded");
             }
+        }
+        if let Some(held) = &mut ctx.held_body {
+            hold_body(held, body, end_of_stream)?;
         }
         Ok(())
     }
@@ -485,6 +543,7 @@ impl ProxyHttp for Proxy {
         peer.options.connection_timeout = Some(cfg.connect_timeout);
         peer.options.total_connection_timeout = Some(cfg.connect_timeout);
         peer.options.read_timeout = Some(cfg.read_timeout);
+        peer.options.idle_timeout = Some(cfg.keepalive_timeout);
         ctx.upstream_started.get_or_insert_with(Instant::now);
         Ok(Box::new(peer))
     }
@@ -584,9 +643,10 @@ impl ProxyHttp for Proxy {
         if let Some(gateway) = &ctx.gateway {
             identity_headers(upstream, gateway, ctx)?;
             if let Some(route) = ctx.route.map(|r| &gateway.config.routes[r]) {
-                upstream_edits(upstream, route)?;
+                upstream_edits(upstream, route, ctx.path.as_deref())?;
             }
         }
+        metered_request(upstream, ctx)?;
         // An absolute-form target (`GET http://host/path`) reaches the upstream in origin
         // form. Pingora keeps its raw bytes for the wire; its Uri holds only the path, and
         // it has already checked that the target's authority equals Host.
@@ -623,7 +683,10 @@ impl ProxyHttp for Proxy {
         {
             session.set_read_timeout(None);
         }
-        if !ctx.charges.is_empty() {
+        // An informational response (100 Continue) settles nothing: the final one follows.
+        let interim = resp.status.is_informational() && resp.status.as_u16() != 101;
+        if !ctx.charges.is_empty() && !interim {
+            ctx.upstream_status = Some(resp.status.as_u16());
             ctx.usage = usage_meter(ctx, resp);
             settle(ctx, Some(resp.status.as_u16()), Some(&resp.headers), false).await;
         }
@@ -676,7 +739,12 @@ impl ProxyHttp for Proxy {
         if !ctx.charges.is_empty() {
             // Not settled by an upstream's response: sluice's own answer, a failed
             // upstream, or a client that went away (status 499, or none written).
-            let sent = Some(status).filter(|s| *s != 0 && *s != 499);
+            // Going away from an upstream's 2xx is no refund (DESIGN §17): the response
+            // settles by that status, as a cut stream does.
+            let sent = match status {
+                0 | 499 => ctx.upstream_status.filter(|s| (200..300).contains(s)),
+                s => Some(s),
+            };
             settle(ctx, sent, None, true).await;
         }
         let route = ctx.route_name();
@@ -858,7 +926,7 @@ async fn settle(
     };
     let policies = &gateway.config.policies;
     let success = status.is_some_and(|s| (200..300).contains(&s));
-    let usage = ctx.usage.as_deref().filter(|_| ctx.body_ended);
+    let usage = ctx.usage.as_ref().filter(|_| ctx.body_ended);
     let mut pending = Vec::new();
     let mut settled = Vec::with_capacity(ctx.charges.len());
     for charge in std::mem::take(&mut ctx.charges) {
@@ -888,25 +956,88 @@ async fn settle(
 }
 
 /// A meter for the upstream's body when a charge waits for its usage, and the body can be
-/// read: not compressed (a gzip stream's usage is unreadable, so it is charged as missing).
-fn usage_meter(ctx: &Ctx, resp: &ResponseHeader) -> Option<Box<UsageMeter>> {
+/// read: as it is, or through a coding sluice decodes (DESIGN §17); another coding's usage
+/// is unreadable, so it is charged as missing.
+fn usage_meter(ctx: &Ctx, resp: &ResponseHeader) -> Option<BodyMeter> {
     let gateway = ctx.gateway.as_ref()?;
     let policies = &gateway.config.policies;
     let waits = ctx
         .charges
         .iter()
         .any(|c| matches!(policies[c.policy].metering, Some(Metering::Usage(_))));
-    let encoded = resp
-        .headers
-        .get(http::header::CONTENT_ENCODING)
-        .is_some_and(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"));
-    (waits && !encoded).then(|| {
-        Box::new(UsageMeter::new(
-            resp.headers
-                .get(http::header::CONTENT_TYPE)
-                .map(|t| t.as_bytes()),
-        ))
-    })
+    if !waits {
+        return None;
+    }
+    let headers = &resp.headers;
+    BodyMeter::new(
+        headers
+            .get(http::header::CONTENT_TYPE)
+            .map(|t| t.as_bytes()),
+        headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .map(|e| e.as_bytes()),
+    )
+}
+
+/// What a metered request tells its upstream (DESIGN §12, §17): the length of a body read
+/// whole (asked for its usage, it has grown), and where a charge waits for the response's
+/// cost, `Accept-Encoding: identity` (the client's own preference is not passed on).
+fn metered_request(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
+    if let Some(body) = &ctx.request_body {
+        if content_length(upstream) != Some(body.len() as u64) {
+            upstream.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
+        }
+        // The client was told to go on and has sent it all.
+        upstream.remove_header(&http::header::EXPECT);
+    }
+    if ctx.held_body.is_some() {
+        // Sent chunked (or as HTTP/2 DATA) whatever its length turns out to be.
+        upstream.remove_header(&http::header::CONTENT_LENGTH);
+    }
+    if ctx.charges.is_empty() {
+        return Ok(());
+    }
+    let Some(gateway) = &ctx.gateway else {
+        return Ok(());
+    };
+    let policies = &gateway.config.policies;
+    let by_response = ctx.charges.iter().any(|c| {
+        matches!(
+            policies[c.policy].metering,
+            Some(Metering::Usage(_) | Metering::Header(_))
+        )
+    });
+    if by_response {
+        upstream.insert_header(http::header::ACCEPT_ENCODING, "identity")?;
+    }
+    Ok(())
+}
+
+/// What a route's policies need of a request's body before it is sent on.
+struct BodyNeeds {
+    /// `reserve = "request"`: its bound, before the decision (DESIGN §12).
+    bound: bool,
+    /// `usage = "openai"`: a stream asked for its usage (DESIGN §17).
+    usage: bool,
+}
+
+impl BodyNeeds {
+    fn of(config: &crate::config::Config, route: &crate::config::Route) -> BodyNeeds {
+        let mut needs = BodyNeeds {
+            bound: false,
+            usage: false,
+        };
+        for &id in &route.policies {
+            let policy = &config.policies[id];
+            needs.bound |= policy.reserve_request.is_some();
+            needs.usage |= matches!(
+                policy.metering,
+                Some(Metering::Usage(crate::config::UsageFormat::OpenAi))
+            );
+        }
+        needs
+    }
 }
 
 /// `[server] request_id` (DESIGN §14): a trusted proxy's id is kept; anyone else's is
@@ -933,23 +1064,39 @@ fn request_id(
     http::HeaderValue::from_str(&id).unwrap_or_else(|_| http::HeaderValue::from_static("-"))
 }
 
-/// The route's changes to the upstream request: `strip_prefix`, then `request_headers`.
-fn upstream_edits(upstream: &mut RequestHeader, route: &crate::config::Route) -> Result<()> {
-    if let (true, PathMatch::Prefix(prefix)) = (route.strip_prefix, &route.path) {
-        let uri = &upstream.uri;
-        if let Some(rest) = uri.path().strip_prefix(prefix.as_str()) {
-            let mut target = String::with_capacity(uri.path().len() + 16);
-            if !rest.starts_with('/') {
-                target.push('/');
+/// The route's changes to the upstream request: the path in its normal form (`normal`,
+/// when the client spelled it otherwise: DESIGN §17) less `strip_prefix`, the query as it
+/// came; then `request_headers`.
+fn upstream_edits(
+    upstream: &mut RequestHeader,
+    route: &crate::config::Route,
+    normal: Option<&str>,
+) -> Result<()> {
+    let uri = &upstream.uri;
+    let path = normal.unwrap_or(uri.path());
+    let stripped = match (route.strip_prefix, &route.path) {
+        (true, PathMatch::Prefix(prefix)) => path.strip_prefix(prefix.as_str()),
+        _ => None,
+    };
+    if normal.is_some() || stripped.is_some() {
+        let rest = stripped.unwrap_or(path);
+        let query = uri.query();
+        let mut target = String::with_capacity(rest.len() + query.map_or(0, str::len) + 2);
+        if !rest.starts_with('/') {
+            target.push('/');
+        }
+        target.push_str(rest);
+        if let Some(query) = query {
+            target.push('?');
+            target.push_str(query);
+        }
+        match target.parse::<http::Uri>() {
+            Ok(uri) => upstream.set_uri(uri),
+            // Never the client's own spelling instead of the one that was routed.
+            Err(_) if normal.is_some() => {
+                return Error::e_explain(ErrorType::InternalError, "normalised path is no URI")
             }
-            target.push_str(rest);
-            if let Some(query) = uri.query() {
-                target.push('?');
-                target.push_str(query);
-            }
-            if let Ok(uri) = target.parse::<http::Uri>() {
-                upstream.set_uri(uri);
-            }
+            Err(_) => {}
         }
     }
     let rules = &route.request_headers;
@@ -963,14 +1110,18 @@ fn upstream_edits(upstream: &mut RequestHeader, route: &crate::config::Route) ->
 }
 
 /// What the upstream is told of the consumer: the client's own copies of the identity
-/// headers (and `strip_headers`) are always removed, the verified values set on routes
-/// with `auth`, and with `hide_credentials` the credential itself is not passed on.
+/// headers (and `strip_headers`) are always removed, in every spelling (DESIGN §17: case
+/// ignored, `_` as `-`), the verified values set on routes with `auth`, and with
+/// `hide_credentials` every copy of every credential is not passed on.
 fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) -> Result<()> {
     let settings = gateway.auth.settings();
     upstream.remove_header(&settings.consumer_header);
     upstream.remove_header(&settings.plan_header);
     for name in &settings.strip_headers {
         upstream.remove_header(name);
+    }
+    for name in auth::other_spellings(&upstream.headers, auth::identity_header_names(settings)) {
+        upstream.remove_header(&name);
     }
     let Some(route) = ctx.route.map(|r| &gateway.config.routes[r]) else {
         return Ok(());
@@ -988,24 +1139,26 @@ fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) 
         if ctx.presented.bearer {
             upstream.remove_header(&http::header::AUTHORIZATION);
         }
-        match ctx.presented.api_key.and_then(|i| settings.api_key.get(i)) {
-            Some(KeyPart::Header(name)) => {
-                upstream.remove_header(name.as_str());
+        if ctx.presented.key_header {
+            for name in auth::key_header_names(settings) {
+                upstream.remove_header(name);
             }
-            Some(KeyPart::Query(name)) => {
-                let uri = &upstream.uri;
-                if let Some(query) = uri.query() {
-                    let path = uri.path();
-                    let target = match auth::query_without(query, name) {
-                        Some(rest) => format!("{path}?{rest}"),
-                        None => path.to_owned(),
-                    };
-                    if let Ok(uri) = target.parse::<http::Uri>() {
-                        upstream.set_uri(uri);
-                    }
+            for name in auth::other_spellings(&upstream.headers, auth::key_header_names(settings)) {
+                upstream.remove_header(&name);
+            }
+        }
+        if ctx.presented.key_query {
+            let uri = &upstream.uri;
+            if let Some(query) = uri.query() {
+                let path = uri.path();
+                let target = match auth::query_without_keys(query, &settings.api_key) {
+                    Some(rest) => format!("{path}?{rest}"),
+                    None => path.to_owned(),
+                };
+                if let Ok(uri) = target.parse::<http::Uri>() {
+                    upstream.set_uri(uri);
                 }
             }
-            _ => {}
         }
     }
     Ok(())
@@ -1050,35 +1203,98 @@ fn wire_length(session: &Session) -> Option<u64> {
     Some(h1.get_headers_raw_bytes().len() as u64 + content_length(req).unwrap_or(0))
 }
 
-/// The most of a body `reserve = "request"` reads (DESIGN §12); a larger one gets 413.
+/// The most of a metered body read whole (DESIGN §12, §17); a larger one gets 413.
 const BOUND_BODY_LIMIT: u64 = 1 << 20;
-/// The most of a body read before the upstream is chosen that Pingora sends on to it (its
+/// The most of a body read before the upstream request that Pingora sends on to it (its
 /// retry buffer).
 const REPLAYED_BODY_LIMIT: u64 = 64 * 1024;
 
-/// `reserve = "request"`: the units the request's JSON body bounds its cost by (DESIGN
-/// §12), `Some(None)` when it gives none, `None` when the body is too large to be metered.
+/// A metered request's body, as read before the decision.
+enum RequestBody {
+    Whole(Bytes),
+    Empty,
+    /// Of a length not known up front (chunked, or HTTP/2 without content-length): not
+    /// read before the decision (see `read_body`).
+    Unknown,
+    /// Over 1 MiB, or one that could not be sent on once read: 413.
+    TooLarge,
+}
+
+/// Reads a metered request's body whole, up to 1 MiB, before the decision (DESIGN §12,
+/// §17); `request_body_filter` sends it on.
 ///
-/// The body is read before the decision and sent on unchanged by Pingora's retry buffer,
-/// which holds 64 KiB: a body between that and 1 MiB, or one of unknown length, is not
-/// read here and the policy holds its `max_reserve`.
-async fn request_bound(session: &mut Session) -> Result<Option<Option<u64>>> {
-    let length = content_length(session.req_header());
-    match length {
-        Some(n) if n > BOUND_BODY_LIMIT => return Ok(None),
-        Some(n) if n > 0 && n <= REPLAYED_BODY_LIMIT => {}
-        _ => return Ok(Some(None)),
+/// Pingora sends on what was read before the upstream request from its retry buffer, which
+/// holds 64 KiB, and only when it holds everything read since it was enabled. So it is
+/// enabled once at most 64 KiB of the body are left: it then holds the body's end, the
+/// one chunk Pingora sends, which `request_body_filter` replaces with the whole. (Each read
+/// takes at most 64 KiB; only the bytes that came with a header larger than that could end
+/// the body in the first read: that body cannot be sent on, and gets 413.) A body of
+/// unknown length cannot be read so: its end is known only once read.
+async fn read_body(session: &mut Session) -> Result<RequestBody> {
+    let req = session.req_header();
+    if req.headers.contains_key(http::header::TRANSFER_ENCODING) {
+        return Ok(RequestBody::Unknown);
     }
-    session.enable_retry_buffering();
-    let mut body = Vec::with_capacity(length.unwrap_or(0) as usize);
-    while let Some(chunk) = session.read_request_body().await? {
-        body.extend_from_slice(&chunk);
-        if body.len() as u64 > REPLAYED_BODY_LIMIT {
-            // Longer than its Content-Length said: Pingora refuses it on its own.
-            return Ok(Some(None));
+    let Some(length) = content_length(req) else {
+        // HTTP/1.1 without either header has no body; HTTP/2 may send one without.
+        return Ok(match session.is_body_empty() {
+            true => RequestBody::Empty,
+            false => RequestBody::Unknown,
+        });
+    };
+    if length > BOUND_BODY_LIMIT {
+        return Ok(RequestBody::TooLarge);
+    }
+    if length == 0 {
+        return Ok(RequestBody::Empty);
+    }
+    let expects = req.headers.get(http::header::EXPECT);
+    if expects.is_some_and(|e| e.as_bytes().eq_ignore_ascii_case(b"100-continue")) {
+        // The body is read here, not by the upstream: the client is told to send it.
+        session.write_continue_response().await?;
+    }
+    let mut body = Vec::with_capacity(length as usize);
+    let mut buffering = false;
+    loop {
+        if !buffering && length - body.len() as u64 <= REPLAYED_BODY_LIMIT {
+            session.enable_retry_buffering();
+            buffering = true;
+        }
+        match session.read_request_body().await? {
+            Some(chunk) => body.extend_from_slice(&chunk),
+            None => break,
+        }
+        if body.len() as u64 > length {
+            return Ok(RequestBody::TooLarge);
         }
     }
-    Ok(Some(usage::request_bound(&body)))
+    if body.len() as u64 != length || session.get_retry_buffer().is_none() {
+        return Ok(RequestBody::TooLarge);
+    }
+    Ok(RequestBody::Whole(Bytes::from(body)))
+}
+
+/// Holds a body of unknown length on a `usage = "openai"` route until it ends, then sends
+/// it whole, asked for its usage (DESIGN §17); over 1 MiB it is refused as a metered body.
+fn hold_body(held: &mut Vec<u8>, body: &mut Option<Bytes>, end_of_stream: bool) -> Result<()> {
+    if let Some(chunk) = body.take() {
+        if (held.len() + chunk.len()) as u64 > BOUND_BODY_LIMIT {
+            return Error::e_explain(ErrorType::HTTPStatus(413), "metered body over 1 MiB");
+        }
+        held.extend_from_slice(&chunk);
+    }
+    if !end_of_stream {
+        // Nothing to send yet (None would end the upstream's body).
+        *body = Some(Bytes::new());
+        return Ok(());
+    }
+    // Taken, not dropped: a retried upstream is sent the replayed body, asked again.
+    let whole = std::mem::take(held);
+    *body = Some(match usage::ask_for_usage(&whole) {
+        Some(asked) => Bytes::from(asked),
+        None => Bytes::from(whole),
+    });
+    Ok(())
 }
 
 /// The declared body length, if any (Pingora has already rejected malformed values).

@@ -97,6 +97,24 @@ impl UsageMeter {
         }
     }
 
+    /// Whether more of the body can change what it reports: a whole JSON text that has
+    /// ended (or broken off) reads nothing more.
+    pub fn wants_more(&self) -> bool {
+        match &self.body {
+            Body::Json(json) => json.state != State::Stopped,
+            Body::Sse(_) => true,
+        }
+    }
+
+    /// Bytes of the body this meter holds (its head and, by reference, its tail).
+    #[cfg(test)]
+    pub(crate) fn kept(&self) -> usize {
+        match &self.body {
+            Body::Json(_) => 0,
+            Body::Sse(sse) => sse.head.capacity() + sse.tail_len,
+        }
+    }
+
     /// The cost in `format`, if the body reported it.
     pub fn cost(&self, format: UsageFormat) -> Option<u64> {
         let get = |slot: Slot| self.found[slot as usize];
@@ -106,7 +124,7 @@ impl UsageMeter {
             UsageFormat::Anthropic => {
                 match (get(Slot::AnthropicInput), get(Slot::AnthropicOutput)) {
                     (None, None) => None,
-                    (input, output) => Some(input.unwrap_or(0) + output.unwrap_or(0)),
+                    (input, output) => Some(input.unwrap_or(0).saturating_add(output.unwrap_or(0))),
                 }
             }
         }
@@ -649,16 +667,243 @@ impl Scanner {
 /// bytes / 4 for the input plus the largest output bound it sets (OpenAI's `max_tokens`,
 /// `max_completion_tokens` and the Responses API's `max_output_tokens`, Anthropic's
 /// `max_tokens`, Gemini's `generationConfig.maxOutputTokens`); None without one.
+///
+/// The body is read as `ask_for_usage` reads it (the top level walked, so no depth hides a
+/// bound; the last of repeated keys; a byte order mark, UTF-16 or UTF-32 decoded).
 pub fn request_bound(body: &[u8]) -> Option<u64> {
-    let json: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let output = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+    use serde_json::Value;
+    let text = json_text(body)?;
+    let names = [
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "generationConfig",
+    ];
+    let (found, _) = top_level(&text, names)?;
+    let [tokens @ .., gemini] =
+        found.map(|at| at.and_then(|at| serde_json::from_slice::<Value>(&text[at]).ok()));
+    let gemini = gemini.as_ref().and_then(|g| g.get("maxOutputTokens"));
+    let output = tokens
         .iter()
-        .filter_map(|name| json.get(name))
-        .chain(json.pointer("/generationConfig/maxOutputTokens"))
-        .filter_map(serde_json::Value::as_u64)
+        .flatten()
+        .chain(gemini)
+        .filter_map(Value::as_u64)
         .max()?;
     // Far past any budget (so refused), yet exact in Redis's Lua arithmetic.
     Some((body.len() as u64 / 4).saturating_add(output).min(1 << 40))
+}
+
+/// What `ask_for_usage` adds to a stream request that has no `stream_options`.
+const INCLUDE_USAGE: &[u8] = br#","stream_options":{"include_usage":true}"#;
+
+/// `usage = "openai"` (DESIGN §17 "Usage is asked for"): a JSON request for a stream that
+/// does not ask for its usage, rewritten to ask (`"stream_options": {"include_usage":
+/// true}`, its other options kept); None when nothing is to change: not a JSON object, not
+/// a stream, the usage already asked for, or a Responses API request (`input`, without the
+/// `messages` of chat completions or the `prompt` of completions), which reports its usage
+/// unasked and takes no `include_usage`.
+///
+/// The body is read as the servers behind sluice read it: escapes in keys decoded, the
+/// last of repeated keys winning (Python's and JavaScript's `JSON.parse`, serde), `stream`
+/// true also when spelled as lax parsers take it (pydantic: `1`, `"true"`, `"yes"`, …),
+/// a UTF-8 byte order mark skipped and UTF-16 or UTF-32 text decoded (Python's
+/// `json.loads`). Only the top level is walked (so any depth is read); the rest of the
+/// body is copied byte for byte, with the option set where `stream_options` was, or added
+/// as the last member.
+pub fn ask_for_usage(body: &[u8]) -> Option<Vec<u8>> {
+    let text = json_text(body)?;
+    let names = ["stream", "stream_options", "input", "messages", "prompt"];
+    let ([stream, stream_options, input, messages, prompt], last_end) = top_level(&text, names)?;
+    if input.is_some() && messages.is_none() && prompt.is_none() {
+        return None;
+    }
+    let stream = stream?;
+    let stream: serde_json::Value = serde_json::from_slice(&text[stream]).ok()?;
+    if !truthy(&stream) {
+        return None;
+    }
+    let mut rewritten = Vec::with_capacity(text.len() + INCLUDE_USAGE.len());
+    match stream_options {
+        None => {
+            rewritten.extend_from_slice(&text[..last_end]);
+            rewritten.extend_from_slice(INCLUDE_USAGE);
+            rewritten.extend_from_slice(&text[last_end..]);
+        }
+        Some(at) => {
+            let mut options = match serde_json::from_slice(&text[at.clone()]) {
+                Ok(serde_json::Value::Object(options)) => options,
+                _ => serde_json::Map::new(),
+            };
+            if options.get("include_usage") == Some(&serde_json::Value::Bool(true)) {
+                return None;
+            }
+            options.insert("include_usage".into(), serde_json::Value::Bool(true));
+            rewritten.extend_from_slice(&text[..at.start]);
+            serde_json::to_writer(&mut rewritten, &options).ok()?;
+            rewritten.extend_from_slice(&text[at.end..]);
+        }
+    }
+    Some(rewritten)
+}
+
+/// `body` as UTF-8 JSON text, as Python's `json.loads` finds its encoding (RFC 4627 §3, a
+/// byte order mark); UTF-8 is borrowed, the rest decoded. None: not decodable.
+fn json_text(body: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+    use std::borrow::Cow;
+    let utf16 = |bytes: &[u8], be: bool| {
+        let units = bytes.chunks_exact(2).map(|u| {
+            let pair = [u[0], u[1]];
+            if be {
+                u16::from_be_bytes(pair)
+            } else {
+                u16::from_le_bytes(pair)
+            }
+        });
+        bytes.len().is_multiple_of(2).then_some(())?;
+        let text: Result<String, _> = char::decode_utf16(units).collect();
+        text.ok().map(|t| Cow::Owned(t.into_bytes()))
+    };
+    let utf32 = |bytes: &[u8], be: bool| {
+        bytes.len().is_multiple_of(4).then_some(())?;
+        let text: Option<String> = bytes
+            .chunks_exact(4)
+            .map(|u| {
+                let quad = [u[0], u[1], u[2], u[3]];
+                char::from_u32(if be {
+                    u32::from_be_bytes(quad)
+                } else {
+                    u32::from_le_bytes(quad)
+                })
+            })
+            .collect();
+        text.map(|t| Cow::Owned(t.into_bytes()))
+    };
+    match body {
+        [0, 0, 0xfe, 0xff, rest @ ..] => utf32(rest, true),
+        [0xff, 0xfe, 0, 0, rest @ ..] => utf32(rest, false),
+        [0xfe, 0xff, rest @ ..] => utf16(rest, true),
+        [0xff, 0xfe, rest @ ..] => utf16(rest, false),
+        [0xef, 0xbb, 0xbf, rest @ ..] => Some(Cow::Borrowed(rest)),
+        [0, 0, _, _, ..] => utf32(body, true),
+        [0, _, _, _, ..] => utf16(body, true),
+        [_, 0, 0, 0, ..] => utf32(body, false),
+        [_, 0, _, _, ..] => utf16(body, false),
+        _ => Some(Cow::Borrowed(body)),
+    }
+}
+
+/// Whether a `stream` value asks for a stream, as a strict or a lax (pydantic) parser
+/// reads a boolean.
+fn truthy(value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() == Some(1.0),
+        Value::String(s) => ["1", "true", "t", "yes", "y", "on"]
+            .iter()
+            .any(|t| s.eq_ignore_ascii_case(t)),
+        _ => false,
+    }
+}
+
+/// Where in the text each of some names' value lies, if present.
+type Found<const N: usize> = [Option<std::ops::Range<usize>>; N];
+
+/// Where the last value of each of `names` lies among a JSON object's top-level members,
+/// and where its last member ends; None when `text` is not one object (or an empty one).
+/// Walked without recursion: containers are skipped by counting brackets outside strings.
+fn top_level<const N: usize>(text: &[u8], names: [&str; N]) -> Option<(Found<N>, usize)> {
+    let mut found: Found<N> = std::array::from_fn(|_| None);
+    let mut at = skip_ws(text, 0);
+    if text.get(at) != Some(&b'{') {
+        return None;
+    }
+    at = skip_ws(text, at + 1);
+    loop {
+        if text.get(at) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(text, at)?;
+        let key = &text[at..key_end];
+        at = skip_ws(text, key_end);
+        if text.get(at) != Some(&b':') {
+            return None;
+        }
+        let start = skip_ws(text, at + 1);
+        let end = value_end(text, start)?;
+        if let Some(i) = names.iter().position(|name| key_is(key, name)) {
+            found[i] = Some(start..end);
+        }
+        at = skip_ws(text, end);
+        match text.get(at) {
+            Some(b',') => at = skip_ws(text, at + 1),
+            Some(b'}') => return (skip_ws(text, at + 1) == text.len()).then_some((found, end)),
+            _ => return None,
+        }
+    }
+}
+
+/// Whether the quoted JSON string `quoted` is `name`, escapes decoded.
+fn key_is(quoted: &[u8], name: &str) -> bool {
+    if !quoted.contains(&b'\\') {
+        return &quoted[1..quoted.len() - 1] == name.as_bytes();
+    }
+    serde_json::from_slice::<String>(quoted).is_ok_and(|k| k == name)
+}
+
+fn skip_ws(text: &[u8], mut at: usize) -> usize {
+    while matches!(text.get(at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        at += 1;
+    }
+    at
+}
+
+/// Where the string opening at `start` (a `"`) ends: just past its closing quote.
+fn string_end(text: &[u8], start: usize) -> Option<usize> {
+    let mut at = start + 1;
+    loop {
+        at += memchr::memchr2(b'"', b'\\', text.get(at..)?)?;
+        if text[at] == b'"' {
+            return Some(at + 1);
+        }
+        at += 2;
+    }
+}
+
+/// Where the value starting at `start` ends: past its string or its closing bracket, or
+/// at the end of its literal or number.
+fn value_end(text: &[u8], start: usize) -> Option<usize> {
+    match text.get(start)? {
+        b'"' => string_end(text, start),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut at = start;
+            loop {
+                match text.get(at)? {
+                    b'"' => {
+                        at = string_end(text, at)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(at + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                at += 1;
+            }
+        }
+        _ => {
+            let len = text[start..]
+                .iter()
+                .position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
+                .unwrap_or(text.len() - start);
+            (len > 0).then_some(start + len)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -695,6 +940,21 @@ mod tests {
         assert_eq!(request_bound(br#"{"model":"m","messages":[]}"#), None);
         assert_eq!(request_bound(br#"{"max_tokens":"many"}"#), None);
         assert_eq!(request_bound(b"max_tokens=5"), None);
+        // No spelling hides a bound: any depth, the last of repeated keys, UTF-16.
+        let deep = format!(
+            r#"{{"messages":[{}]{},"max_tokens":1000}}"#,
+            "[".repeat(3000),
+            "]".repeat(3000)
+        );
+        assert_eq!(
+            request_bound(deep.as_bytes()),
+            Some(deep.len() as u64 / 4 + 1000)
+        );
+        let twice = br#"{"max_tokens":1,"max_tokens":900}"#;
+        assert_eq!(request_bound(twice), Some(twice.len() as u64 / 4 + 900));
+        let utf16: Vec<u8> =
+            r#"{"max_tokens":700}"#.encode_utf16().flat_map(u16::to_le_bytes).collect();
+        assert_eq!(request_bound(&utf16), Some(utf16.len() as u64 / 4 + 700));
     }
 
     #[test]
@@ -840,5 +1100,271 @@ mod tests {
             both_ways("application/json", &body, UsageFormat::OpenAi),
             Some(17)
         );
+    }
+
+    fn asked(body: &str) -> Option<String> {
+        ask_for_usage(body.as_bytes()).map(|b| String::from_utf8(b).expect("test data"))
+    }
+
+    #[test]
+    fn a_stream_without_usage_is_asked_for_it_and_the_rest_kept_byte_for_byte() {
+        assert_eq!(
+            asked(r#"{"model":"m", "stream":true ,"messages":[{"a":"}\"{"}] }"#).as_deref(),
+            Some(
+                r#"{"model":"m", "stream":true ,"messages":[{"a":"}\"{"}],"stream_options":{"include_usage":true} }"#
+            )
+        );
+        // Set where it was, its other options kept.
+        assert_eq!(
+            asked(r#"{"stream":true,"stream_options":{"include_obfuscation":false},"n":1}"#)
+                .as_deref(),
+            Some(
+                r#"{"stream":true,"stream_options":{"include_obfuscation":false,"include_usage":true},"n":1}"#
+            )
+        );
+        assert_eq!(
+            asked(r#"{"stream":true,"stream_options":{"include_usage":false}}"#).as_deref(),
+            Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)
+        );
+        assert_eq!(
+            asked(r#"{"stream":"yes","stream_options":null}"#).as_deref(),
+            Some(r#"{"stream":"yes","stream_options":{"include_usage":true}}"#)
+        );
+        // The last of repeated keys, escapes decoded: as a server reads it.
+        assert!(asked(r#"{"stream":false,"str\u0065am":true}"#).is_some());
+        assert!(asked(r#"{"stream":true,"stream":false}"#).is_none());
+        assert_eq!(
+            asked(r#"{"stream":true,"stream_options":{"include_usage":true},"stream_options":{}}"#)
+                .as_deref(),
+            Some(
+                r#"{"stream":true,"stream_options":{"include_usage":true},"stream_options":{"include_usage":true}}"#
+            )
+        );
+        // Chat completions with an `input` too are still chat completions.
+        assert!(asked(r#"{"messages":[],"input":"x","stream":true}"#).is_some());
+        // Any depth is walked past.
+        let deep = format!(
+            r#"{{"a":{}1{},"stream":1}}"#,
+            "[".repeat(5000),
+            "]".repeat(5000)
+        );
+        assert!(asked(&deep).is_some());
+    }
+
+    #[test]
+    fn nothing_is_changed_unless_a_stream_lacks_its_usage() {
+        for body in [
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+            r#"{"stream":false}"#,
+            r#"{"stream":null}"#,
+            r#"{"stream":"no"}"#,
+            r#"{"model":"m"}"#,
+            r#"{}"#,
+            r#"[{"stream":true}]"#,
+            r#"{"stream":true"#,
+            r#"{"stream":true} x"#,
+            // The Responses API: usage in `response.completed`, and no include_usage.
+            r#"{"model":"m","input":"hi","stream":true}"#,
+            r#"{"stream":true,}"#,
+            "stream=true",
+            "",
+        ] {
+            assert_eq!(asked(body), None, "{body}");
+        }
+    }
+
+    #[test]
+    fn a_body_is_decoded_as_python_finds_its_encoding() {
+        let text = r#"{"stream":true}"#;
+        let want = Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#.to_owned());
+        let mut bom = vec![0xef, 0xbb, 0xbf];
+        bom.extend_from_slice(text.as_bytes());
+        let utf16le: Vec<u8> = text.encode_utf16().flat_map(u16::to_le_bytes).collect();
+        let utf16be: Vec<u8> = text.encode_utf16().flat_map(u16::to_be_bytes).collect();
+        let utf32le: Vec<u8> = text
+            .chars()
+            .flat_map(|c| (c as u32).to_le_bytes())
+            .collect();
+        let mut utf16bom = vec![0xff, 0xfe];
+        utf16bom.extend_from_slice(&utf16le);
+        for body in [bom, utf16le, utf16be, utf32le, utf16bom] {
+            let got = ask_for_usage(&body).map(|b| String::from_utf8(b).expect("test data"));
+            assert_eq!(got, want, "{body:?}");
+        }
+    }
+
+    /// The formats' streams and whole bodies, with what they cost.
+    fn samples() -> Vec<(&'static str, String, UsageFormat, u64)> {
+        vec![
+            (
+                "text/event-stream",
+                "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n\
+                 data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7,\"total_tokens\":12}}\n\n\
+                 data: [DONE]\n\n"
+                    .into(),
+                UsageFormat::OpenAi,
+                12,
+            ),
+            (
+                "text/event-stream",
+                "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\n\
+                 event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"total_tokens\":7}}}\n\n"
+                    .into(),
+                UsageFormat::OpenAi,
+                7,
+            ),
+            (
+                "text/event-stream",
+                "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n\
+                 event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":10}}\n\n\
+                 event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n\
+                 event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+                    .into(),
+                UsageFormat::Anthropic,
+                40,
+            ),
+            (
+                "text/event-stream",
+                "data: {\"usageMetadata\":{\"totalTokenCount\":5}}\n\ndata: {\"usageMetadata\":{\"totalTokenCount\":11}}\n\n"
+                    .into(),
+                UsageFormat::Gemini,
+                11,
+            ),
+            (
+                "application/json",
+                r#"{"choices":[{"message":{"content":"the \"usage\" is"}}],"usage":{"total_tokens":21}}"#.into(),
+                UsageFormat::OpenAi,
+                21,
+            ),
+            (
+                "application/json",
+                r#"{"content":[{"text":"hi"}],"usage":{"input_tokens":10,"output_tokens":32}}"#.into(),
+                UsageFormat::Anthropic,
+                42,
+            ),
+            (
+                "application/json",
+                r#"[{"usageMetadata":{"totalTokenCount":3}},{"usageMetadata":{"totalTokenCount":8}}]"#.into(),
+                UsageFormat::Gemini,
+                8,
+            ),
+        ]
+    }
+
+    /// `sample` with `filler` events (or array elements) between its first part and the
+    /// rest, and its line ends written as `eol`.
+    fn with_filler(content_type: &str, sample: &str, filler: usize, eol: &str) -> String {
+        if content_type == "application/json" {
+            let pad = r#"{"x":"y"},"#.repeat(filler);
+            return match sample.strip_prefix('[') {
+                Some(rest) => format!("[{pad}{rest}"),
+                None => format!(r#"{{"pad":[{pad}1],{}"#, &sample[1..]),
+            };
+        }
+        let first = sample.find("\n\n").map_or(0, |at| at + 2);
+        let event = "data: {\"choices\":[{\"delta\":{\"content\":\"filler text\"}}]}\n\n";
+        let text = format!(
+            "{}{}{}",
+            &sample[..first],
+            event.repeat(filler),
+            &sample[first..]
+        );
+        text.replace('\n', eol)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Any split of a stream or a whole body into chunks reads the same usage as the
+        /// whole (and as the format says), past the 64 KiB kept of a stream too.
+        #[test]
+        fn any_split_reads_the_same_usage_as_the_whole(
+            which in 0usize..7,
+            filler in proptest::prop_oneof![0usize..8, 1200usize..1500],
+            eol in proptest::sample::select(vec!["\n", "\r\n", "\r"]),
+            cuts in proptest::collection::vec(proptest::prelude::any::<usize>(), 0..16),
+        ) {
+            let (content_type, sample, format, cost) = samples().swap_remove(which);
+            let text = with_filler(content_type, &sample, filler, eol);
+            let whole = read(content_type, &[text.as_str()]).cost(format);
+            proptest::prop_assert_eq!(whole, Some(cost));
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (text.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut meter = UsageMeter::new(Some(content_type.as_bytes()));
+            let mut at = 0;
+            for cut in cuts.into_iter().chain([text.len()]) {
+                meter.feed(&bytes::Bytes::copy_from_slice(&text.as_bytes()[at..cut]));
+                at = cut;
+            }
+            meter.finish();
+            proptest::prop_assert_eq!(meter.cost(format), whole);
+        }
+
+        /// Any bytes, in any chunks: a usage or none, never a panic; what a stream keeps
+        /// stays bounded.
+        #[test]
+        fn any_bytes_are_read_without_panic_within_bounds(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096),
+            chunk in 1usize..512,
+        ) {
+            for content_type in ["text/event-stream", "application/json"] {
+                let mut meter = UsageMeter::new(Some(content_type.as_bytes()));
+                for piece in bytes.chunks(chunk) {
+                    meter.feed(&bytes::Bytes::copy_from_slice(piece));
+                    proptest::prop_assert!(meter.kept() <= 2 * MAX_EVENT + chunk);
+                }
+                meter.finish();
+                let _ = meter.cost(UsageFormat::Anthropic);
+            }
+            let _ = ask_for_usage(&bytes);
+            let _ = request_bound(&bytes);
+        }
+
+        /// Asked for usage, a stream request keeps every other member as it was, and asks.
+        #[test]
+        fn asking_keeps_every_other_member(
+            members in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec!["model", "n", "stream", "stream_options", "x"]),
+                    proptest::sample::select(vec![
+                        "true", "false", "null", "1", "\"yes\"", "{}", "{\"include_usage\":true}",
+                        "{\"include_usage\":false,\"k\":[1,{\"a\":\"}\"}]}", "[\"]\",[]]", "\"s\\\"\"",
+                    ]),
+                ),
+                1..8,
+            ),
+        ) {
+            let body = format!(
+                "{{{}}}",
+                members.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect::<Vec<_>>().join(",")
+            );
+            let sent: serde_json::Value = serde_json::from_str(&body).expect("test data");
+            let stream = sent.get("stream").is_some_and(truthy);
+            let has_usage = sent.pointer("/stream_options/include_usage")
+                == Some(&serde_json::Value::Bool(true));
+            match ask_for_usage(body.as_bytes()) {
+                None => proptest::prop_assert!(!stream || has_usage, "{}", body),
+                Some(asked) => {
+                    proptest::prop_assert!(stream && !has_usage, "{}", body);
+                    let asked: serde_json::Value = serde_json::from_slice(&asked).expect("test data");
+                    proptest::prop_assert_eq!(
+                        asked.pointer("/stream_options/include_usage"),
+                        Some(&serde_json::Value::Bool(true))
+                    );
+                    for (key, value) in sent.as_object().expect("test data") {
+                        if key != "stream_options" {
+                            proptest::prop_assert_eq!(&asked[key], value);
+                        }
+                    }
+                    if let Some(serde_json::Value::Object(options)) = sent.get("stream_options") {
+                        for (key, value) in options {
+                            if key != "include_usage" {
+                                proptest::prop_assert_eq!(&asked["stream_options"][key], value);
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

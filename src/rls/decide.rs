@@ -10,7 +10,7 @@ use super::proto::{Code, Request, Response, Status, Unit};
 use super::rules;
 use crate::config::{Algorithm, Numbers};
 use crate::gateway::Gateway;
-use crate::limiter::algorithm::{Rule, Verdict};
+use crate::limiter::algorithm::{Rule, Verdict, MAX_COST};
 use crate::limiter::keyed::Keyed;
 use crate::limiter::Decision;
 
@@ -21,6 +21,14 @@ pub async fn should_rate_limit(gateway: &Gateway, req: &Request) -> Result<Respo
     }
     if req.descriptors.is_empty() {
         return Err("rate limit descriptor list must not be empty".into());
+    }
+    // Costs cannot wrap (DESIGN §17): a cost above 2^53 is refused, whatever the domain.
+    if req
+        .descriptors
+        .iter()
+        .any(|d| d.hits_addend.is_some_and(|h| h > MAX_COST))
+    {
+        return Err(format!("hits_addend must be at most 2^53 ({MAX_COST})"));
     }
     let mut statuses: Vec<Status> = req.descriptors.iter().map(|_| ok()).collect();
     let config = &gateway.config;

@@ -1,13 +1,17 @@
 //! The messages of `envoy.service.ratelimit.v3` that ShouldRateLimit reads and writes, in
 //! protobuf's wire format by hand: five small messages do not need a code generator (and
 //! its build time, see the README), and unknown fields are skipped as protobuf requires.
+//!
+//! The request comes from whoever reaches the listener: any bytes decode to a message or
+//! to `Malformed`, never a panic, and a repeated field's vector is sized by counting its
+//! fields first, so no capacity exceeds the input's length (property-tested below).
 
 /// `RateLimitRequest`.
 #[derive(Debug, Default, PartialEq)]
 pub struct Request {
     pub domain: String,
     pub descriptors: Vec<Descriptor>,
-    /// 0 when unset.
+    /// 0 when unset. A uint32: a varint beyond it is malformed, not cut to its low bits.
     pub hits_addend: u32,
 }
 
@@ -168,15 +172,33 @@ fn text(bytes: &[u8]) -> Result<String, Malformed> {
     String::from_utf8(bytes.to_vec()).map_err(|_| Malformed("a string is not UTF-8"))
 }
 
+/// How many fields numbered `field` a message's bytes hold, read up to its end or its first
+/// error: a vector of exactly that capacity holds them all, and it is at most half the
+/// bytes' length (a field takes two bytes at least).
+fn count(bytes: &[u8], field: u64) -> usize {
+    let mut r = Reader(bytes);
+    let mut n = 0;
+    while let Ok(Some((f, _))) = r.next() {
+        n += usize::from(f == field);
+    }
+    n
+}
+
 impl Request {
     pub fn decode(bytes: &[u8]) -> Result<Request, Malformed> {
-        let mut out = Request::default();
+        let mut out = Request {
+            descriptors: Vec::with_capacity(count(bytes, 2)),
+            ..Request::default()
+        };
         let mut r = Reader(bytes);
         while let Some((n, field)) = r.next()? {
             match (n, field) {
                 (1, Field::Bytes(b)) => out.domain = text(b)?,
                 (2, Field::Bytes(b)) => out.descriptors.push(Descriptor::decode(b)?),
-                (3, Field::Varint(v)) => out.hits_addend = v as u32,
+                (3, Field::Varint(v)) => {
+                    out.hits_addend = u32::try_from(v)
+                        .map_err(|_| Malformed("hits_addend is out of range for a uint32"))?;
+                }
                 (1..=3, _) => return Err(Malformed("wrong wire type")),
                 _ => {}
             }
@@ -187,7 +209,10 @@ impl Request {
 
 impl Descriptor {
     fn decode(bytes: &[u8]) -> Result<Descriptor, Malformed> {
-        let mut out = Descriptor::default();
+        let mut out = Descriptor {
+            entries: Vec::with_capacity(count(bytes, 1)),
+            ..Descriptor::default()
+        };
         let mut r = Reader(bytes);
         while let Some((n, field)) = r.next()? {
             match (n, field) {
@@ -429,5 +454,111 @@ mod tests {
             Request::decode(&[0x20, 0x01, 0x0a, 0x01, b'd']).map(|r| r.domain),
             Ok("d".to_owned())
         );
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn unit() -> impl Strategy<Value = Unit> {
+            prop_oneof![
+                Just(Unit::Unknown),
+                Just(Unit::Second),
+                Just(Unit::Minute),
+                Just(Unit::Hour),
+                Just(Unit::Day),
+                Just(Unit::Week),
+                Just(Unit::Month),
+                Just(Unit::Year),
+            ]
+        }
+
+        fn descriptor() -> impl Strategy<Value = Descriptor> {
+            (
+                proptest::collection::vec((".{0,6}", ".{0,6}"), 0..4),
+                proptest::option::of((any::<u32>(), unit())),
+                proptest::option::of(any::<u64>()),
+            )
+                .prop_map(|(entries, limit, hits_addend)| Descriptor {
+                    entries,
+                    limit,
+                    hits_addend,
+                })
+        }
+
+        fn request() -> impl Strategy<Value = Request> {
+            (
+                ".{0,8}",
+                proptest::collection::vec(descriptor(), 0..5),
+                any::<u32>(),
+            )
+                .prop_map(|(domain, descriptors, hits_addend)| Request {
+                    domain,
+                    descriptors,
+                    hits_addend,
+                })
+        }
+
+        /// Bytes near a request's: its encoding cut short, with bytes changed, inserted or
+        /// appended; or any bytes at all.
+        fn bytes() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..256),
+                (
+                    request(),
+                    any::<prop::sample::Index>(),
+                    proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+                    proptest::collection::vec(any::<u8>(), 0..16),
+                )
+                    .prop_map(|(req, cut, changes, tail)| {
+                        let mut b = encode_request(&req);
+                        if !b.is_empty() {
+                            for (at, byte) in changes {
+                                let i = at.index(b.len());
+                                b[i] = byte;
+                            }
+                            b.truncate(cut.index(b.len() + 1));
+                        }
+                        b.extend_from_slice(&tail);
+                        b
+                    }),
+            ]
+        }
+
+        /// What a decoded request holds, against the bytes it came from: every vector's
+        /// capacity and the strings' bytes together within their length.
+        fn within(req: &Request, len: usize) -> Result<(), TestCaseError> {
+            prop_assert!(req.descriptors.capacity() <= len / 2);
+            let mut strings = req.domain.capacity();
+            let mut entries = 0;
+            for d in &req.descriptors {
+                prop_assert!(d.entries.capacity() <= len / 2);
+                entries += d.entries.capacity();
+                for (k, v) in &d.entries {
+                    strings += k.capacity() + v.capacity();
+                }
+            }
+            prop_assert!(entries + req.descriptors.capacity() <= len / 2);
+            prop_assert!(strings <= len);
+            Ok(())
+        }
+
+        proptest! {
+            #[test]
+            fn any_bytes_decode_to_a_message_or_an_error_within_their_size(b in bytes()) {
+                if let Ok(req) = Request::decode(&b) {
+                    within(&req, b.len())?;
+                }
+                let _ = Response::decode(&b);
+            }
+
+            #[test]
+            fn a_request_survives_the_round_trip_within_its_size(req in request()) {
+                let b = encode_request(&req);
+                let back = Request::decode(&b).map_err(|e| TestCaseError::fail(e.0))?;
+                within(&back, b.len())?;
+                prop_assert_eq!(back, req);
+            }
+        }
     }
 }

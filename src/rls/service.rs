@@ -1,6 +1,11 @@
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over cleartext HTTP/2 (gRPC),
 //! on the `h2` crate Pingora already builds: one task per stream, so the calls Envoy
 //! multiplexes on one connection wait on the backend side by side.
+//!
+//! Bounded as a listener anyone may reach (DESIGN §17): `[server] max_connections_per_ip`
+//! as on the proxy listener, at most `MAX_STREAMS` calls at once per connection (h2 refuses
+//! the next with REFUSED_STREAM), and a message of at most `MAX_MESSAGE` bytes, refused with
+//! RESOURCE_EXHAUSTED as soon as its gRPC prefix or its bytes say it is larger.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,14 +22,19 @@ use pingora::server::ShutdownWatch;
 use super::decide;
 use super::proto::{Malformed, Request};
 use crate::gateway::App;
+use crate::limiter::connections::PerIp;
 use crate::response::{grpc_status, GrpcStatus};
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-/// A request is a domain and a few descriptors; anything this large is not one.
-const MAX_MESSAGE: usize = 1 << 20;
+/// A request is a domain and a few descriptors; anything larger than this is not one.
+const MAX_MESSAGE: usize = 64 * 1024;
+/// Calls in flight on one connection (Envoy multiplexes a few dozen at most).
+const MAX_STREAMS: u32 = 100;
 
 pub struct Service {
     pub app: Arc<App>,
+    /// This listener's open connections per address (`max_connections_per_ip`).
+    pub per_ip: Arc<PerIp>,
 }
 
 #[async_trait]
@@ -34,8 +44,17 @@ impl ServerApp for Service {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
+        let slot = {
+            let gateway = self.app.current.load();
+            self.per_ip
+                .admit(&stream, &gateway.config.server, &self.app.metrics)
+        };
+        // Over the address's cap: closed at once, as the proxy listener does.
+        let Ok(_slot) = slot else {
+            return None;
+        };
         let mut conn = match h2::server::Builder::new()
-            .max_concurrent_streams(1024)
+            .max_concurrent_streams(MAX_STREAMS)
             .handshake::<_, Bytes>(stream)
             .await
         {
@@ -90,14 +109,20 @@ impl Service {
         // A call's message must arrive within `[server] body_timeout`, as a proxied body must.
         let deadline = self.app.current.load().config.server.body_timeout;
         let read = async {
+            let too_large = Some((GrpcStatus::ResourceExhausted, "message larger than 64 KiB"));
             let mut buf = BytesMut::new();
             while let Some(chunk) = body.data().await {
                 let chunk = chunk.map_err(|_| None)?;
                 let _ = body.flow_control().release_capacity(chunk.len());
                 if buf.len() + chunk.len() > MAX_MESSAGE + 5 {
-                    return Err(Some((GrpcStatus::ResourceExhausted, "message too large")));
+                    return Err(too_large);
                 }
                 buf.extend_from_slice(&chunk);
+                // The prefix gives the length: a message too large is refused on it, and its
+                // bytes are neither awaited nor kept.
+                if declared(&buf).is_some_and(|len| len > MAX_MESSAGE) {
+                    return Err(too_large);
+                }
             }
             Ok(buf)
         };
@@ -127,6 +152,12 @@ impl Service {
             Err(why) => refuse(respond, GrpcStatus::InvalidArgument, &why),
         }
     }
+}
+
+/// The message length a call's gRPC prefix declares, once its 5 bytes have arrived.
+fn declared(buf: &[u8]) -> Option<usize> {
+    let (prefix, _) = buf.split_first_chunk::<5>()?;
+    Some(u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize)
 }
 
 /// The one message of a unary call: a 5-byte prefix (compressed flag, length) and its bytes.

@@ -1,8 +1,11 @@
 //! Matching a request to the first route whose hosts, path and methods all fit: the plain
-//! scan states the rule, `index` answers it at a cost that does not grow with the config.
+//! scan states the rule, `index` answers it at a cost that does not grow with the config;
+//! `path` gives the one spelling of a path that routes match (DESIGN §17).
 
 mod index;
+mod path;
 pub use index::RouteIndex;
+pub use path::{normalize_path, PathError};
 
 use crate::config::{HostMatch, PathMatch, Route, Scheme};
 
