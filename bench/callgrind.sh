@@ -6,8 +6,9 @@
 #
 # For each case (sluice without a policy; sluice with one memory gcra policy per client IP;
 # nginx proxying the same request as the reference), the proxy runs under
-# `valgrind --tool=callgrind` twice: once serving N requests, once 2N, all GET / over one
-# keep-alive connection to an nginx upstream that answers `return 200 "ok\n"`. The figure
+# `valgrind --tool=callgrind` twice: once serving N requests, once 2N, all GET / over
+# CONNECTIONS keep-alive connections (one by default) to an nginx upstream that answers
+# `return 200 "ok\n"`. The figure
 # is (instructions at 2N - instructions at N) / N: start-up, the readiness probe and shutdown
 # cancel out. sluice runs with `threads = 1`, nginx with one worker and no master; every
 # thread of the process is counted. With BASELINE_SLUICE, its rows run beside this build's
