@@ -3,6 +3,8 @@
 //! gRPC client (h2 and `sluice::rls::proto`) for what Envoy does not show.
 
 mod common;
+#[path = "common/rls.rs"]
+mod rls;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -13,6 +15,7 @@ use bytes::Bytes;
 use common::echo::EchoUpstream;
 use common::redis::{RedisCluster, RedisServer};
 use common::{free_port, http, Sluice, TempDir};
+use rls::{framed, raw_call_to, METHOD};
 use sluice::rls::proto::{encode_request, Code, Descriptor, Request, Response, Unit};
 
 /// envoyproxy/ratelimit's YAML, with every kind of rule the tests need.
@@ -423,65 +426,9 @@ fn one(key: &str, value: &str, hits: Option<u64>) -> Request {
     }
 }
 
-/// One unary call with `body` (already framed or not) as the request's bytes: the gRPC
-/// status and the message, if any.
-fn raw_call(addr: SocketAddr, path: &str, body: Vec<u8>) -> (u32, Option<Vec<u8>>) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let (mut client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
-        tokio::spawn(conn);
-        let req = ::http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{addr}{path}"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .expect("request");
-        let (resp, mut send) = client.send_request(req, false).expect("send");
-        send.send_data(Bytes::from(body), true).expect("body");
-        let resp = resp.await.expect("response");
-        let status_of = |h: &::http::HeaderMap| {
-            h.get("grpc-status")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u32>().ok())
-        };
-        if let Some(code) = status_of(resp.headers()) {
-            return (code, None);
-        }
-        let mut body = resp.into_body();
-        let mut bytes = Vec::new();
-        while let Some(chunk) = body.data().await {
-            let chunk = chunk.expect("data");
-            let _ = body.flow_control().release_capacity(chunk.len());
-            bytes.extend_from_slice(&chunk);
-        }
-        let trailers = body
-            .trailers()
-            .await
-            .expect("trailers")
-            .expect("grpc-status");
-        let code = status_of(&trailers).expect("grpc-status");
-        assert!(bytes.len() >= 5, "a framed message");
-        (code, Some(bytes[5..].to_vec()))
-    })
-}
-
-const METHOD: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-
-fn framed(message: &[u8]) -> Vec<u8> {
-    let mut out = vec![0];
-    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    out.extend_from_slice(message);
-    out
-}
-
 /// ShouldRateLimit: the answer, or the gRPC status it failed with.
 fn call(addr: SocketAddr, req: &Request) -> Result<Response, u32> {
-    match raw_call(addr, METHOD, framed(&encode_request(req))) {
+    match raw_call_to(addr, METHOD, framed(&encode_request(req)), true) {
         (0, Some(bytes)) => Ok(Response::decode(&bytes).expect("a valid answer")),
         (code, _) => Err(code),
     }
@@ -560,11 +507,11 @@ fn a_raw_client_sees_limits_remaining_resets_peeks_overrides_and_errors() {
     let message = encode_request(&one("generic_key", "fixed", None));
     let mut short = framed(&message);
     short.truncate(short.len() - 1);
-    assert_eq!(raw_call(s.rls, METHOD, short).0, 3);
-    assert_eq!(raw_call(s.rls, METHOD, vec![0, 0]).0, 3);
-    assert_eq!(raw_call(s.rls, METHOD, framed(&[0xff; 12])).0, 3);
+    assert_eq!(raw_call_to(s.rls, METHOD, short, true).0, 3);
+    assert_eq!(raw_call_to(s.rls, METHOD, vec![0, 0], true).0, 3);
+    assert_eq!(raw_call_to(s.rls, METHOD, framed(&[0xff; 12]), true).0, 3);
     assert_eq!(
-        raw_call(s.rls, "/other.Service/Call", framed(&message)).0,
+        raw_call_to(s.rls, "/other.Service/Call", framed(&message), true).0,
         12
     );
     // Still serving, and the refused calls charged nothing.

@@ -76,6 +76,17 @@ pub fn framed(message: &[u8]) -> Vec<u8> {
 /// One unary call sending `body` (framed or not) and then ending the stream, or leaving it
 /// open when `end` is false: the gRPC status and the message, if any.
 pub fn raw_call(addr: SocketAddr, body: Vec<u8>, end: bool) -> (u32, Option<Vec<u8>>) {
+    raw_call_to(addr, METHOD, body, end)
+}
+
+/// `raw_call` to the gRPC method `path`.
+pub fn raw_call_to(
+    addr: SocketAddr,
+    path: &str,
+    body: Vec<u8>,
+    end: bool,
+) -> (u32, Option<Vec<u8>>) {
+    let path = path.to_owned();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -86,7 +97,7 @@ pub fn raw_call(addr: SocketAddr, body: Vec<u8>, end: bool) -> (u32, Option<Vec<
         tokio::spawn(conn);
         let req = ::http::Request::builder()
             .method("POST")
-            .uri(format!("http://{addr}{METHOD}"))
+            .uri(format!("http://{addr}{path}"))
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .body(())
