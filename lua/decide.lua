@@ -187,7 +187,12 @@ repeat
   end
   if batch and (mode == 'decide1' or mode == 'decide0') then
     -- One check that bans nobody (most requests): decided and charged in one pass, as a
-    -- call of its own is above.
+    -- call of its own is above. Its limit, period and burst (concurrency: lease_ms) become
+    -- numbers once, in ARGV, for it and the "=" requests after it: the algorithm's `+ 0`
+    -- then parses no text.
+    if not same then
+      argv[f + 2], argv[f + 3], argv[f + 4] = argv[f + 2] + 0, argv[f + 3] + 0, argv[f + 4] + 0
+    end
     local run, cost, op = one_check(f, 'decide')
     if not run then return redis.error_reply('sluice: unknown algorithm ' .. argv[f + 1]) end
     local allowed
