@@ -20,6 +20,12 @@
 #                     request on every connection, then reads every response (N a multiple)
 #   OUT [bench/results/callgrind.md]   where the Markdown report is written
 #   KEEP_TMP [0]      1 = keep the temp dir (configs, logs, callgrind outputs)
+#   TOOL [callgrind]  cachegrind = also simulate the caches (`--cache-sim=yes`, D1 32 KiB,
+#                     last level LL): the report adds data cache misses per request, first
+#                     level and last level, which is what grows with CONNECTIONS (each
+#                     connection's state is another cold line when the working set is past LL)
+#   LL [2097152,16,64]  cachegrind's last-level cache (size,ways,line): one core's L2 share;
+#                     try 33554432,16,64 for a whole L3
 
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "$0")" && pwd)"
@@ -29,6 +35,12 @@ KEEP_TMP=${KEEP_TMP:-0}
 . "$BENCH_DIR/lib.sh"
 
 N=${REQUESTS:-2000}
+TOOL=${TOOL:-callgrind}
+case $TOOL in
+    callgrind) VG_ARGS=(--tool=callgrind) ;;
+    cachegrind) VG_ARGS=(--tool=cachegrind --cache-sim=yes --D1=32768,8,64 --LL="${LL:-2097152,16,64}") ;;
+    *) die "TOOL must be callgrind or cachegrind" ;;
+esac
 C=${CONNECTIONS:-1}
 [ $((N % C)) -eq 0 ] || die "REQUESTS ($N) must be a multiple of CONNECTIONS ($C)"
 OUT=${OUT:-$BENCH_DIR/results/callgrind.md}
@@ -87,12 +99,13 @@ sluice_config() {
     } >"$1"
 }
 
-# count NAME COUNT CMD...: run CMD under callgrind, send COUNT requests to $PORT, stop it
-# with SIGTERM (SIGQUIT for nginx), and print the instructions callgrind counted
+# count NAME COUNT CMD...: run CMD under $TOOL, send COUNT requests to $PORT, stop it
+# with SIGTERM (SIGQUIT for nginx), and print what it counted: instructions (callgrind), or
+# instructions, D1 misses and LL misses, reads and writes together (cachegrind)
 count() {
     local name=$1 n=$2 out; shift 2
     out="$TMP/$name.$n.callgrind"
-    start_bg "$name.$n" valgrind --tool=callgrind --callgrind-out-file="$out" "$@"
+    start_bg "$name.$n" valgrind "${VG_ARGS[@]}" --"$TOOL"-out-file="$out" "$@"
     local pid=$BG_PID
     python3 "$LIB" wait "$PORT" 120 "$pid" http >/dev/null \
         || { tail -n 20 "$TMP/log/$name.$n.log" >&2; die "$name did not answer under valgrind"; }
@@ -101,19 +114,33 @@ count() {
     local i
     for i in $(seq 600); do alive "$pid" || break; sleep 0.1; done
     alive "$pid" && die "$name did not exit within 60 s of SIGTERM"
-    awk '/^(summary|totals):/ { print $2; exit }' "$out"
+    # The tool may still be writing its file as the process ends.
+    for i in $(seq 1200); do grep -qE '^(summary|totals):' "$out" 2>/dev/null && break; sleep 0.1; done
+    grep -qE '^(summary|totals):' "$out" 2>/dev/null || die "$name: $TOOL wrote no totals to $out"
+    # cachegrind's events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw
+    awk -v tool="$TOOL" '/^(summary|totals):/ {
+        if (tool == "cachegrind") print $2 "," $6 + $9 "," $7 + $10; else print $2; exit }' "$out"
 }
 
-# per_request NAME CMD...: (count at 2N - count at N) / N, to one decimal
+# per_request NAME CMD...: (count at 2N - count at N) / N, to one decimal; with cachegrind
+# the instructions, then "|" and the D1 and LL misses as table cells
 per_request() {
     local name=$1 a b; shift
     a=$(count "$name" "$N" "$@")
     b=$(count "$name" "$((2 * N))" "$@")
-    python3 -c "import sys; print(f'{($b - $a) / $N:.1f}')"
+    python3 -c "
+a, b = [$a], [$b]
+d = [(y - x) / $N for x, y in zip(a, b)]
+print(f'{d[0]:.1f}' + ''.join(f'|{v:.1f}' for v in d[1:]))"
 }
 
 ROWS=()
-row() { ROWS+=("| $1 | $2 | $(python3 -c "print(f'{$3 / 1000:.1f}k')") |"); log "$1 $2: $3 instructions per request"; }
+row() {
+    local ir=${3%%|*} rest=""
+    [ "$ir" != "$3" ] && rest=" | ${3#*|}" && rest=${rest//|/ | }
+    ROWS+=("| $1 | $2 | $(python3 -c "print(f'{$ir / 1000:.1f}k')")$rest |")
+    log "$1 $2: $3 per request"
+}
 
 for policy in none gcra; do
     for bin in "$NEW" ${BASE:+"$BASE"}; do
@@ -125,7 +152,7 @@ for policy in none gcra; do
         sluice_check "$TMP/conf/$policy.toml"
         ir=$(per_request "sluice-$policy" "$bin" run --config "$TMP/conf/$policy.toml")
         row "sluice, $([ "$policy" = none ] && echo "no policy" || echo "gcra, memory")" "$label" "$ir"
-        eval "IR_${policy}_$([ "$label" = baseline ] && echo base || echo new)=$ir"
+        eval "IR_${policy}_$([ "$label" = baseline ] && echo base || echo new)=${ir%%|*}"
     done
 done
 
@@ -141,14 +168,19 @@ ir=$(STOP_SIGNAL=QUIT per_request nginx nginx -e "$TMP/conf/nginx/error.log" -p 
 row "nginx proxy, keepalive" "reference" "$ir"
 
 {
-    echo "# Instructions per proxied request (callgrind)"
+    echo "# Instructions per proxied request ($TOOL)"
     echo
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); $(valgrind --version); $(nginx -v 2>&1)"
-    echo "- command: \`REQUESTS=$N CONNECTIONS=$C bench/callgrind.sh $*\`"
+    echo "- command: \`REQUESTS=$N CONNECTIONS=$C$([ "$TOOL" = cachegrind ] && echo " TOOL=cachegrind LL=${LL:-2097152,16,64}") bench/callgrind.sh $*\`"
     echo "- each figure: (instructions at $((2 * N)) requests - at $N) / $N, $C keep-alive connection(s) with one request in flight on each, GET / to an nginx \`return 200\` upstream; sluice threads = 1, nginx one worker without master"
     echo
-    echo "| proxy | build | instructions / request |"
-    echo "|---|---|---:|"
+    if [ "$TOOL" = cachegrind ]; then
+        echo "| proxy | build | instructions / request | D1 misses / request | LL misses / request |"
+        echo "|---|---|---:|---:|---:|"
+    else
+        echo "| proxy | build | instructions / request |"
+        echo "|---|---|---:|"
+    fi
     printf '%s\n' "${ROWS[@]}"
     if [ -n "$BASE" ]; then
         echo
