@@ -11,6 +11,8 @@ use crate::clock::Clock;
 use crate::config::{self, Config};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
+use crate::peer_tls::PeerTls;
+use crate::retry::Budget;
 use crate::routing::RouteIndex;
 use crate::tls::Certificates;
 use crate::upstream::{self, spawn_health_checks, Pool};
@@ -27,6 +29,11 @@ pub struct Gateway {
     /// The TLS listeners' certificates: one resolver for the process, handed on to each
     /// new gateway and updated with its certificates.
     pub tls: Arc<Certificates>,
+    /// Each upstream's `ca_file` and client certificate for its peers, aligned with
+    /// `config.upstreams` (DESIGN §20).
+    pub peer_tls: Vec<PeerTls>,
+    /// Each upstream's retry budget (`None`: no `retries`), aligned with `config.upstreams`.
+    pub retries: Vec<Option<Arc<Budget>>>,
 }
 
 impl Gateway {
@@ -38,10 +45,7 @@ impl Gateway {
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
     ) -> Result<Gateway, String> {
-        let mut pools = Vec::with_capacity(config.upstreams.len());
-        for upstream in &config.upstreams {
-            pools.push(Arc::new(Pool::resolve(upstream, &metrics).await?));
-        }
+        let pools = upstream::pools(&config, &metrics).await?;
         let previous_policies = previous.map_or(&[][..], |p| &p.config.policies[..]);
         let limiter = Limiter::new(
             &config,
@@ -61,6 +65,7 @@ impl Gateway {
         // After everything that can fail: the old pools stop checking and writing gauges.
         upstream::hand_over(previous.map_or(&[][..], |p| &p.pools[..]), &pools, &metrics);
         spawn_health_checks(&pools);
+        upstream::spawn_resolves(&pools);
         // Last, after everything that can fail: new handshakes get these certificates now.
         let tls = match previous {
             Some(p) => p.tls.clone(),
@@ -75,8 +80,12 @@ impl Gateway {
             limiter.backend_name(),
         );
         crate::auth::prime_metrics(&metrics, &config, previous_config);
+        let peer_tls = PeerTls::of_config(&config);
+        let retries = Budget::of_config(&config, &metrics);
         Ok(Gateway {
             routes: RouteIndex::new(config.proxy_routes()),
+            peer_tls,
+            retries,
             config,
             pools,
             limiter,

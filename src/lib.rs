@@ -15,12 +15,14 @@
 //!    which answers it by hash whatever the number of routes), on the normal form of its
 //!    path (`path`). `tls`: certificates by SNI,
 //!    client certificates, reload. `upstream`: pools (pingora::lb selection, active and
-//!    passive health).
+//!    passive health; `resolve`: names re-resolved on an interval through hickory). `peer_tls`: each upstream's CAs and client certificate as Pingora's
+//!    connector takes them; `retry`: retry budgets of the upstreams with `retries`.
 //! 4. `key`: the client IP and the rate key of a policy for a request.
 //! 5. `limiter`: deciding a route's policies together, and settling metered charges once
 //!    responses are known; `memory` and `redis` backends only store; `overrides` (config)
 //!    and `runtime` (admin API) give a key its numbers; `top` the heaviest keys; `pubsub`
-//!    follows a Redis channel; `keyed` decides checks the caller names (RLS); `series` its
+//!    follows a Redis channel; `prefetch` takes units of hot keys ahead from Redis and
+//!    `held` keeps them (DESIGN §19); `keyed` decides checks the caller names (RLS); `series` its
 //!    metric series; `connections` the open connections per client address.
 //! 6. `response`: what sluice writes itself: rate-limit headers, problem bodies, gRPC
 //!    statuses.
@@ -42,8 +44,10 @@ pub mod gateway;
 pub mod key;
 pub mod limiter;
 pub mod metrics;
+pub mod peer_tls;
 pub mod proxy;
 pub mod response;
+pub mod retry;
 pub mod rls;
 pub mod routing;
 pub mod server;

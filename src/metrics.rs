@@ -35,16 +35,23 @@ pub struct Metrics {
     pub policy_units: IntCounterVec,
     /// `sluice_response_cost_missing_total{route, policy}`.
     pub response_cost_missing: IntCounterVec,
+    /// `sluice_prefetch_units_total{route, policy, kind}`: units taken ahead from Redis,
+    /// used, returned and dropped (DESIGN §19).
+    pub prefetch_units: IntCounterVec,
     pub limiter_duration: HistogramVec,
     pub backend_errors: IntCounterVec,
     pub backend_up: IntGaugeVec,
     pub upstream_duration: HistogramVec,
+    /// `sluice_upstream_retries_total{upstream, reason}` (DESIGN §20), primed by `retry`.
+    pub upstream_retries: IntCounterVec,
     pub config_reloads: IntCounterVec,
     /// `sluice_admin_requests_total{endpoint, status}` (DESIGN §9.2).
     pub admin_requests: IntCounterVec,
     pub build_info: GaugeVec,
     pub connections: IntGaugeVec,
     pub connections_rejected: IntCounterVec,
+    /// `sluice_requests_denied_total`: requests answered 403 by `[server] deny` (DESIGN §20).
+    pub requests_denied: IntCounter,
     pub tls_certificate_expiry: IntGaugeVec,
     pub requests_in_flight: IntGauge,
     pub near_limit: IntCounterVec,
@@ -55,6 +62,9 @@ pub struct Metrics {
     pub deny_cache_entries: IntGauge,
     pub policy_info: IntGaugeVec,
     pub upstream_health: IntGaugeVec,
+    /// `sluice_upstream_resolve_total{upstream, result}`: re-resolutions of an upstream with
+    /// `resolve` (DESIGN §20), `result` = changed, unchanged or error.
+    pub upstream_resolves: IntCounterVec,
     /// `sluice_auth_total{route, result}` (DESIGN §11).
     pub auth: IntCounterVec,
     pub jwks_up: IntGaugeVec,
@@ -180,6 +190,14 @@ impl Metrics {
             )
             .expect("valid counter"),
         );
+        let requests_denied = register(
+            &r,
+            IntCounter::new(
+                "sluice_requests_denied_total",
+                "Requests answered 403 because their client address is in [server] deny",
+            )
+            .expect("valid counter"),
+        );
         let deny_cache_entries = gauge(
             "sluice_deny_cache_entries",
             "Over-limit keys in the local deny cache now",
@@ -297,6 +315,12 @@ impl Metrics {
                 "Responses of metered policies without a usable cost",
                 &["route", "policy"],
             ),
+            prefetch_units: counter(
+                &r,
+                "sluice_prefetch_units_total",
+                "Units of prefetch policies taken ahead from the backend, then used, returned or dropped",
+                &["route", "policy", "kind"],
+            ),
             limiter_duration: histogram(
                 &r,
                 "sluice_limiter_duration_seconds",
@@ -318,6 +342,12 @@ impl Metrics {
                 &["upstream"],
                 request_buckets,
             ),
+            upstream_retries: counter(
+                &r,
+                "sluice_upstream_retries_total",
+                "Requests tried again on an upstream, by reason (connect, reset, 502, 503, 504)",
+                &["upstream", "reason"],
+            ),
             config_reloads,
             admin_requests,
             near_limit: counter(
@@ -329,6 +359,7 @@ impl Metrics {
             build_info: build,
             connections,
             connections_rejected,
+            requests_denied,
             tls_certificate_expiry: expiry,
             requests_in_flight,
             config_last_reload_successful,
@@ -348,6 +379,17 @@ impl Metrics {
                 .expect("valid gauge"),
             ),
             upstream_health,
+            upstream_resolves: register(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "sluice_upstream_resolve_total",
+                        "Re-resolutions of an upstream's server names (resolve), by result: changed, unchanged or error",
+                    ),
+                    &["upstream", "result"],
+                )
+                .expect("valid counter"),
+            ),
             registry: r,
         }
     }

@@ -15,6 +15,7 @@ pub const GRPC: &str = "application/grpc";
 pub enum GrpcStatus {
     InvalidArgument = 3,
     DeadlineExceeded = 4,
+    PermissionDenied = 7,
     ResourceExhausted = 8,
     Unimplemented = 12,
     Unavailable = 14,
@@ -125,6 +126,11 @@ pub fn problem(status: u16, title: &str, detail: &str) -> String {
         .to_string()
 }
 
+/// The 403 body of a client address in `[server] deny` (DESIGN §20).
+pub fn denied_client() -> String {
+    problem(403, "Forbidden", "the client address is denied")
+}
+
 pub fn body_too_large() -> String {
     problem(
         413,
@@ -215,6 +221,35 @@ pub fn rate_limit_headers(
             ]
         }
     }
+}
+
+/// The `reject` body (DESIGN §20) of the policy a denial reports (the first it names, whose
+/// `status` it has), with its placeholders replaced, and its content type; None: the
+/// problem+json body of `denial`.
+pub fn reject_body<'p>(
+    policies: &'p [Policy],
+    outcomes: &[PolicyOutcome],
+    denial: &Denial,
+) -> Option<(Vec<u8>, &'p str)> {
+    let Denial::Limited {
+        retry_after_ms,
+        violated,
+        ..
+    } = denial
+    else {
+        return None;
+    };
+    let name = violated.first()?;
+    let outcome = outcomes.iter().find(|o| policies[o.policy].name == *name)?;
+    let policy = &policies[outcome.policy];
+    let reject = policy.reject.as_ref()?;
+    let limit = outcome.rule.map_or(policy.limit.get(), |r| r.limit);
+    // Whole seconds, as in Retry-After.
+    let retry_after = secs_up(*retry_after_ms).max(1);
+    let body = reject
+        .body
+        .render(&policy.name, limit, &reject.period, retry_after);
+    Some((body, reject.content_type.as_str()))
 }
 
 /// Status, extra headers and problem+json body for a denied request.

@@ -1,5 +1,16 @@
-//! Upstream server pools: resolving their servers once per config, choosing one per request,
-//! active and passive health, `sluice_upstream_health`.
+//! Upstream server pools: resolving their servers (once per config, or on an interval with
+//! `resolve`: the `resolve` module), choosing one per request, active and passive health,
+//! `sluice_upstream_health`.
+//!
+//! A pool without `resolve` has a fixed list of servers, read on the request path as it
+//! always was. With `resolve`, the list is an `ArcSwap` that a new answer replaces whole,
+//! each address still present keeping its `Server` (its passive health) and, through
+//! Pingora's own `ServiceDiscovery` and `LoadBalancer::update`, its active health: the
+//! balancer's discovery (`Discovered`) returns the pool's current addresses, and `update`
+//! rebuilds the selector while keeping the health of every backend still present. Pingora
+//! pools idle upstream connections by peer and offers no way to close one peer's, so an
+//! address that leaves is drained by never being picked again: requests in flight finish,
+//! and its idle connections close at `keepalive_timeout` or when the server closes them.
 //!
 //! Selection and active checks are Pingora's (`pingora::lb`): `LoadBalancer` with
 //! `RoundRobin`, `Random` or `Consistent` (ketama, so a server leaving moves only its own
@@ -15,26 +26,36 @@
 //! - per-request cost: `select_with` costs about as much as the hand-written pick it replaced
 //!   (see `selection_cost` below: both well under a microsecond), nothing to win by hand.
 
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::http::RequestHeader;
+use pingora::lb::discovery::ServiceDiscovery;
 use pingora::lb::health_check::{self, HttpHealthCheck, TcpHealthCheck};
 use pingora::lb::selection::{BackendIter, BackendSelection, Consistent, Random, RoundRobin};
-use pingora::lb::{Backend, LoadBalancer};
+use pingora::lb::{Backend, Backends, LoadBalancer};
 use pingora::prelude::*;
-use prometheus::IntGauge;
+use prometheus::{IntGauge, IntGaugeVec};
 
-use crate::config::{Balance, Upstream};
+use crate::config::{Balance, Config, Upstream};
 use crate::metrics::Metrics;
+
+mod resolve;
+
+pub use resolve::Dns;
 
 pub struct Server {
     pub addr: SocketAddr,
-    /// As written in `servers`: the `server` label of `sluice_upstream_health`.
+    /// The `server` label of `sluice_upstream_health`: as written in `servers`, or, in an
+    /// upstream with `resolve`, `HOST:PORT@IP` for each address its name resolves to.
     pub name: String,
+    /// As written in `servers` (the Host of HTTP health checks).
+    pub written: String,
     backend: Backend,
     /// The last active check's verdict (true without active checks).
     checked_up: AtomicBool,
@@ -46,6 +67,45 @@ pub struct Server {
     gauge: IntGauge,
 }
 
+/// What `Pool::pick` chose: the address a request connects to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Picked {
+    pub addr: SocketAddr,
+}
+
+/// A pool's servers: fixed for the life of the pool, or, with `resolve`, a set that
+/// re-resolving replaces whole (a server still present is the same `Arc`, its health with it).
+pub struct Servers(Members);
+
+enum Members {
+    Fixed(Vec<Arc<Server>>),
+    Resolved(ArcSwap<Vec<Arc<Server>>>),
+}
+
+impl Servers {
+    /// `f` over the servers as they are now (no allocation, no reference count touched).
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&[Arc<Server>]) -> R) -> R {
+        match &self.0 {
+            Members::Fixed(list) => f(list),
+            Members::Resolved(set) => f(&set.load()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.with(<[_]>::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The servers as they are now (a copy of the list: for reports, not requests).
+    pub fn iter(&self) -> std::vec::IntoIter<Arc<Server>> {
+        self.with(<[_]>::to_vec).into_iter()
+    }
+}
+
 enum Balancer {
     RoundRobin(LoadBalancer<RoundRobin>),
     Random(LoadBalancer<Random>),
@@ -55,77 +115,140 @@ enum Balancer {
 pub struct Pool {
     pub config: Upstream,
     /// One per distinct address, in config order.
-    pub servers: Vec<Server>,
+    pub servers: Servers,
     balancer: Balancer,
+    /// The backends the balancer's discovery returns: the addresses of `servers`.
+    discovered: Arc<ArcSwap<BTreeSet<Backend>>>,
+    /// Active checks: one per address, following `servers`.
+    probes: Option<Arc<ArcSwap<Vec<ProbeTarget>>>>,
     born: Instant,
     /// Set when a reload replaced this pool: it no longer checks or writes metrics.
     retired: AtomicBool,
+    /// `resolve` only: what re-resolving needs.
+    resolving: Option<resolve::Resolving>,
+}
+
+/// The pools of `config`, in `config.upstreams` order. The DNS client of `resolve` is built
+/// only when an upstream has it (one per config: a reload reads `resolvers` again).
+pub async fn pools(config: &Config, metrics: &Metrics) -> Result<Vec<Arc<Pool>>, String> {
+    let dns = if config.upstreams.iter().any(|u| u.resolve.is_some()) {
+        Some(Arc::new(Dns::new(&config.server.resolvers)?))
+    } else {
+        None
+    };
+    let mut pools = Vec::with_capacity(config.upstreams.len());
+    for upstream in &config.upstreams {
+        pools.push(Arc::new(
+            Pool::resolve(upstream, dns.clone(), metrics).await?,
+        ));
+    }
+    Ok(pools)
 }
 
 impl Pool {
-    /// Resolves every server name once; a name that does not resolve is an error.
-    pub async fn resolve(config: &Upstream, metrics: &Metrics) -> Result<Pool, String> {
-        let mut servers: Vec<Server> = Vec::with_capacity(config.servers.len());
-        for name in &config.servers {
-            let addr = tokio::net::lookup_host(name.as_str())
-                .await
-                .ok()
-                .and_then(|mut addrs| addrs.next())
-                .ok_or_else(|| format!("upstream {}: cannot resolve server {name}", config.name))?;
-            if servers.iter().any(|s| s.addr == addr) {
-                continue;
-            }
-            let backend = Backend::new(&addr.to_string())
-                .map_err(|e| format!("upstream {}: server {name}: {e}", config.name))?;
-            servers.push(Server {
-                addr,
-                name: name.clone(),
-                backend,
-                checked_up: AtomicBool::new(true),
-                fails: AtomicU32::new(0),
-                out_until_ms: AtomicU64::new(0),
-                gauge: metrics
-                    .upstream_health
-                    .with_label_values(&[config.name.as_str(), name.as_str()]),
-            });
-        }
-        let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr).collect();
-        let lb_error = |e: std::io::Error| format!("upstream {}: {e}", config.name);
-        let probe = config
-            .health_check
-            .as_ref()
-            .map(|hc| probe(config, &servers, hc));
-        let balancer = match config.balance {
-            Balance::RoundRobin => Balancer::RoundRobin(with_probe(
-                LoadBalancer::try_from_iter(addrs).map_err(lb_error)?,
-                probe,
-            )),
-            Balance::Random => Balancer::Random(with_probe(
-                LoadBalancer::try_from_iter(addrs).map_err(lb_error)?,
-                probe,
-            )),
-            Balance::Hash => Balancer::Hash(with_probe(
-                LoadBalancer::try_from_iter(addrs).map_err(lb_error)?,
-                probe,
-            )),
+    /// Resolves every server name once; a name that does not resolve is an error. Without
+    /// `resolve` a name is the first address the system resolver gives (/etc/hosts
+    /// included); with it, every A and AAAA address `dns` finds, each a server.
+    pub async fn resolve(
+        config: &Upstream,
+        dns: Option<Arc<Dns>>,
+        metrics: &Metrics,
+    ) -> Result<Pool, String> {
+        let cannot = |name: &str, e: &dyn std::fmt::Display| {
+            format!("upstream {}: cannot resolve server {name}{e}", config.name)
         };
+        let mut found: Vec<(usize, SocketAddr)> = Vec::with_capacity(config.servers.len());
+        let mut resolving = None;
+        match (config.resolve, dns) {
+            (Some(every), Some(dns)) => {
+                let mut valid_until: Option<Instant> = None;
+                for (i, name) in config.servers.iter().enumerate() {
+                    let (addrs, until) = dns.lookup(name).await.map_err(|e| cannot(name, &e))?;
+                    found.extend(addrs.into_iter().map(|a| (i, a)));
+                    valid_until = resolve::earliest(valid_until, until);
+                }
+                resolving = Some(resolve::Resolving::new(dns, every, valid_until, metrics));
+            }
+            _ => {
+                for (i, name) in config.servers.iter().enumerate() {
+                    let addr = tokio::net::lookup_host(name.as_str())
+                        .await
+                        .ok()
+                        .and_then(|mut addrs| addrs.next())
+                        .ok_or_else(|| cannot(name, &""))?;
+                    found.push((i, addr));
+                }
+            }
+        }
+        let mut servers: Vec<Arc<Server>> = Vec::with_capacity(found.len());
+        for (i, addr) in found {
+            if !servers.iter().any(|s| s.addr == addr) {
+                servers.push(Arc::new(Server::new(
+                    config,
+                    i,
+                    addr,
+                    &metrics.upstream_health,
+                )));
+            }
+        }
+        let discovered = Arc::new(ArcSwap::from_pointee(backends_of(&servers)));
+        let probes = config.health_check.as_ref().map(|hc| {
+            Arc::new(ArcSwap::from_pointee(probe_targets(
+                config,
+                &servers,
+                hc,
+                &[],
+            )))
+        });
+        let probe =
+            |hc: &crate::config::HealthCheck| -> Box<dyn health_check::HealthCheck + Send + Sync> {
+                Box::new(Probe {
+                    targets: probes.clone().unwrap_or_default(),
+                    timeout: hc.timeout,
+                })
+            };
+        let probe = config.health_check.as_ref().map(probe);
+        let lb_error = |e: Box<Error>| format!("upstream {}: {e}", config.name);
+        let balancer = match config.balance {
+            Balance::RoundRobin => {
+                Balancer::RoundRobin(balancer(&discovered, probe).await.map_err(lb_error)?)
+            }
+            Balance::Random => {
+                Balancer::Random(balancer(&discovered, probe).await.map_err(lb_error)?)
+            }
+            Balance::Hash => Balancer::Hash(balancer(&discovered, probe).await.map_err(lb_error)?),
+        };
+        let servers = Servers(if resolving.is_some() {
+            Members::Resolved(ArcSwap::from_pointee(servers))
+        } else {
+            Members::Fixed(servers)
+        });
         Ok(Pool {
             config: config.clone(),
             servers,
             balancer,
+            discovered,
+            probes,
             born: Instant::now(),
             retired: AtomicBool::new(false),
+            resolving,
         })
     }
 
     /// A server for this request, never one in `tried` while another is left: a healthy one
     /// in service if there is one, else any (when every server is down, all are tried rather
     /// than none). With `hash` the client's IP picks its place on the ketama ring.
-    pub fn pick(&self, client_ip: IpAddr, tried: &[SocketAddr]) -> &Server {
-        if let [only] = self.servers.as_slice() {
+    #[inline]
+    pub fn pick(&self, client_ip: IpAddr, tried: &[SocketAddr]) -> Picked {
+        self.servers
+            .with(|servers| self.pick_in(servers, client_ip, tried))
+    }
+
+    fn pick_in(&self, servers: &[Arc<Server>], client_ip: IpAddr, tried: &[SocketAddr]) -> Picked {
+        if let [only] = servers {
             // Every path below ends at the one server; skip the balancer's walk (about 2 %
             // of a proxied request's instructions, callgrind).
-            return only;
+            return Picked { addr: only.addr };
         }
         let mut octets = [0u8; 16];
         let key: &[u8] = match client_ip {
@@ -140,21 +263,36 @@ impl Pool {
         };
         let now = self.now_ms();
         let fresh = |b: &Backend| b.as_inet().is_some_and(|a| !tried.contains(a));
+        let steps = 160 * servers.len();
         let chosen = self
-            .select(key, |b, healthy| {
-                healthy && fresh(b) && self.server(b).is_some_and(|s| s.in_service(now))
+            .select(key, steps, |b, healthy| {
+                healthy && fresh(b) && server_of(servers, b).is_some_and(|s| s.in_service(now))
             })
-            .or_else(|| self.select(key, |b, _| fresh(b)));
-        chosen
-            .and_then(|b| self.server(&b))
-            .or_else(|| self.servers.iter().find(|s| !tried.contains(&s.addr)))
-            .unwrap_or(&self.servers[0])
+            .or_else(|| self.select(key, steps, |b, _| fresh(b)));
+        let addr = chosen
+            .and_then(|b| server_of(servers, &b).map(|s| s.addr))
+            .or_else(|| {
+                servers
+                    .iter()
+                    .find(|s| !tried.contains(&s.addr))
+                    .map(|s| s.addr)
+            })
+            .or_else(|| servers.first().map(|s| s.addr));
+        // `servers` is never empty (a pool needs one server to load; re-resolving keeps the
+        // last good addresses rather than none).
+        Picked {
+            addr: addr.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+        }
     }
 
-    fn select(&self, key: &[u8], accept: impl Fn(&Backend, bool) -> bool) -> Option<Backend> {
-        // Enough steps to walk the whole ketama ring (160 points per server); the weighted
-        // selectors need far fewer, and `pick` falls back to a plain scan anyway.
-        let steps = 160 * self.servers.len();
+    /// `steps`: enough to walk the whole ketama ring (160 points per server); the weighted
+    /// selectors need far fewer, and `pick` falls back to a plain scan anyway.
+    fn select(
+        &self,
+        key: &[u8],
+        steps: usize,
+        accept: impl Fn(&Backend, bool) -> bool,
+    ) -> Option<Backend> {
         match &self.balancer {
             Balancer::RoundRobin(lb) => lb.select_with(key, steps, accept),
             Balancer::Random(lb) => lb.select_with(key, steps, accept),
@@ -162,16 +300,21 @@ impl Pool {
         }
     }
 
-    fn server(&self, backend: &Backend) -> Option<&Server> {
-        let addr = backend.as_inet()?;
-        self.servers.iter().find(|s| s.addr == *addr)
-    }
-
     fn backends(&self) -> &pingora::lb::Backends {
         match &self.balancer {
             Balancer::RoundRobin(lb) => lb.backends(),
             Balancer::Random(lb) => lb.backends(),
             Balancer::Hash(lb) => lb.backends(),
+        }
+    }
+
+    /// The balancer reads `discovered` again: a server that left is no longer chosen, a
+    /// new one is; Pingora keeps the active health of every backend still present.
+    async fn rediscover(&self) -> Result<()> {
+        match &self.balancer {
+            Balancer::RoundRobin(lb) => lb.update().await,
+            Balancer::Random(lb) => lb.update().await,
+            Balancer::Hash(lb) => lb.update().await,
         }
     }
 
@@ -188,11 +331,21 @@ impl Pool {
     /// Passive checks: the outcome of one request (or connect attempt) on `addr`. A success
     /// puts the server back at once; `max_fails` consecutive failures take it out for
     /// `fail_timeout`, after which it is tried again, and one more failure takes it out again
-    /// (nginx's semantics).
+    /// (nginx's semantics). With `resolve`, a failure also asks for an early re-resolve.
     pub fn report(self: &Arc<Self>, addr: SocketAddr, ok: bool) {
-        let Some(server) = self.servers.iter().find(|s| s.addr == addr) else {
-            return;
-        };
+        if !ok {
+            if let Some(r) = &self.resolving {
+                r.wake();
+            }
+        }
+        self.servers.with(|servers| {
+            if let Some(server) = servers.iter().find(|s| s.addr == addr) {
+                self.report_on(server, ok);
+            }
+        });
+    }
+
+    fn report_on(self: &Arc<Self>, server: &Server, ok: bool) {
         if ok {
             server.fails.store(0, Ordering::Relaxed);
             if server.out_until_ms.swap(0, Ordering::Relaxed) != 0 {
@@ -226,9 +379,11 @@ impl Pool {
         tokio::spawn(async move {
             tokio::time::sleep(out_for).await;
             if let Some(p) = pool.upgrade() {
-                if let Some(s) = p.servers.iter().find(|s| s.addr == addr) {
-                    p.publish(s);
-                }
+                p.servers.with(|servers| {
+                    if let Some(s) = servers.iter().find(|s| s.addr == addr) {
+                        p.publish(s);
+                    }
+                });
             }
         });
     }
@@ -244,31 +399,166 @@ impl Pool {
 
     /// Makes every server's series exist with its current state (on start and reload).
     pub fn publish_all(&self) {
-        for s in &self.servers {
-            self.publish(s);
-        }
+        self.servers.with(|servers| {
+            for s in servers {
+                self.publish(s);
+            }
+        });
     }
 
     /// One active pass over every server, then the gauges and the log follow the verdicts.
     async fn check_once(&self) {
         self.backends().run_health_check(true).await;
-        for s in &self.servers {
+        for s in self.servers.iter() {
             // Pingora logs a server going down as a warning, with the check's error, and
             // its recovery at info, which sluice's default filter hides: say it here.
             let up = self.backends().ready(&s.backend);
             if up && !s.checked_up.swap(up, Ordering::Relaxed) {
-                log::info!("{} passes its health check again", self.name_of(s));
+                log::info!("{} passes its health check again", self.name_of(&s));
             }
             s.checked_up.store(up, Ordering::Relaxed);
+            self.publish(&s);
+        }
+    }
+
+    /// With `resolve`: makes `found` (config index of the name, address), in that order,
+    /// the pool's servers. A server whose address is still present stays as it is (passive
+    /// and active health included); one whose address is gone is drained: no new request
+    /// is sent to it, and its series leaves `sluice_upstream_health`. Returns whether the
+    /// set of addresses changed.
+    async fn replace(&self, found: Vec<(usize, SocketAddr)>) -> bool {
+        let (Members::Resolved(set), Some(r)) = (&self.servers.0, &self.resolving) else {
+            return false;
+        };
+        let old = set.load_full();
+        let mut next: Vec<Arc<Server>> = Vec::with_capacity(found.len());
+        for (i, addr) in found {
+            if next.iter().any(|s| s.addr == addr) {
+                continue;
+            }
+            let kept = old.iter().find(|s| s.addr == addr).cloned();
+            next.push(
+                kept.unwrap_or_else(|| Arc::new(Server::new(&self.config, i, addr, &r.health))),
+            );
+        }
+        let same =
+            next.len() == old.len() && next.iter().all(|s| old.iter().any(|o| o.addr == s.addr));
+        if same || next.is_empty() {
+            return false;
+        }
+        // Checks first (a pass may start at once on the new set), then the servers, then
+        // the balancer: until it has read the new set, what it picks that has left is
+        // answered by `pick`'s scan of the new servers.
+        if let (Some(probes), Some(hc)) = (&self.probes, &self.config.health_check) {
+            let targets = probe_targets(&self.config, &next, hc, &probes.load());
+            probes.store(Arc::new(targets));
+        }
+        set.store(Arc::new(next.clone()));
+        self.discovered.store(Arc::new(backends_of(&next)));
+        if let Err(e) = self.rediscover().await {
+            log::warn!("upstream {}: servers not updated: {e}", self.config.name);
+        }
+        let retired = self.retired.load(Ordering::Relaxed);
+        for s in old
+            .iter()
+            .filter(|s| !next.iter().any(|n| n.addr == s.addr))
+        {
+            log::warn!("{} left its name's addresses: drained", self.name_of(s));
+            if !retired {
+                let _ = r
+                    .health
+                    .remove_label_values(&[self.config.name.as_str(), s.name.as_str()]);
+            }
+        }
+        for s in next
+            .iter()
+            .filter(|s| !old.iter().any(|o| o.addr == s.addr))
+        {
+            log::warn!("{} joined: in service", self.name_of(s));
             self.publish(s);
+        }
+        true
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Some(r) = &self.resolving {
+            r.wake(); // its task ends now
         }
     }
 }
 
 impl Server {
+    /// The server at `addr` that name `i` of `config.servers` resolved to.
+    fn new(config: &Upstream, i: usize, addr: SocketAddr, health: &IntGaugeVec) -> Server {
+        let written = config.servers.get(i).cloned().unwrap_or_default();
+        // The address as written (an IP address) keeps the name as written.
+        let as_written = written
+            .rsplit_once(':')
+            .map(|(host, _)| host.trim_start_matches('[').trim_end_matches(']'))
+            .and_then(|host| host.parse::<IpAddr>().ok())
+            == Some(addr.ip());
+        let name = if config.resolve.is_some() && !as_written {
+            format!("{written}@{}", addr.ip())
+        } else {
+            written.clone()
+        };
+        let backend = Backend {
+            addr: pingora::protocols::l4::socket::SocketAddr::Inet(addr),
+            weight: 1,
+            ext: Default::default(),
+        };
+        Server {
+            addr,
+            gauge: health.with_label_values(&[config.name.as_str(), name.as_str()]),
+            name,
+            written,
+            backend,
+            checked_up: AtomicBool::new(true),
+            fails: AtomicU32::new(0),
+            out_until_ms: AtomicU64::new(0),
+        }
+    }
+
     fn in_service(&self, now_ms: u64) -> bool {
         now_ms >= self.out_until_ms.load(Ordering::Relaxed)
     }
+}
+
+fn server_of<'a>(servers: &'a [Arc<Server>], backend: &Backend) -> Option<&'a Arc<Server>> {
+    let addr = backend.as_inet()?;
+    servers.iter().find(|s| s.addr == *addr)
+}
+
+fn backends_of(servers: &[Arc<Server>]) -> BTreeSet<Backend> {
+    servers.iter().map(|s| s.backend.clone()).collect()
+}
+
+/// What the balancer's `update` reads: the pool's current addresses (Pingora's own
+/// `Static` discovery, with a set the pool can replace).
+struct Discovered(Arc<ArcSwap<BTreeSet<Backend>>>);
+
+#[async_trait]
+impl ServiceDiscovery for Discovered {
+    async fn discover(&self) -> Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
+        Ok((BTreeSet::clone(&self.0.load()), HashMap::new()))
+    }
+}
+
+/// A Pingora balancer over `discovered`, with the pool's active check.
+async fn balancer<S>(
+    discovered: &Arc<ArcSwap<BTreeSet<Backend>>>,
+    probe: Option<Box<dyn health_check::HealthCheck + Send + Sync>>,
+) -> Result<LoadBalancer<S>>
+where
+    S: BackendSelection + 'static,
+    S::Iter: BackendIter,
+{
+    let backends = Backends::new(Box::new(Discovered(discovered.clone())));
+    let lb = with_probe(LoadBalancer::from_backends(backends), probe);
+    lb.update().await?;
+    Ok(lb)
 }
 
 fn with_probe<S>(
@@ -286,48 +576,50 @@ where
 }
 
 /// One Pingora check per server (its own Host and, with TLS, SNI as requests get them),
-/// each bounded as a whole by `timeout`.
+/// each bounded as a whole by `timeout`; the targets follow the pool's servers.
 struct Probe {
-    checks: Vec<(SocketAddr, Box<dyn health_check::HealthCheck + Send + Sync>)>,
+    targets: Arc<ArcSwap<Vec<ProbeTarget>>>,
     timeout: Duration,
-    /// "upstream NAME server HOST:PORT" per address: what Pingora's log of a flip names.
-    names: Vec<(SocketAddr, String)>,
 }
 
-fn probe(
+struct ProbeTarget {
+    addr: SocketAddr,
+    check: Arc<dyn health_check::HealthCheck + Send + Sync>,
+    /// "upstream NAME server HOST:PORT": what Pingora's log of a flip names.
+    name: String,
+}
+
+/// The checks of `servers`, reusing those of `kept` for addresses already checked.
+fn probe_targets(
     config: &Upstream,
-    servers: &[Server],
+    servers: &[Arc<Server>],
     hc: &crate::config::HealthCheck,
-) -> Box<dyn health_check::HealthCheck + Send + Sync> {
-    let checks = servers
+    kept: &[ProbeTarget],
+) -> Vec<ProbeTarget> {
+    servers
         .iter()
         .map(|s| {
-            let check: Box<dyn health_check::HealthCheck + Send + Sync> = match &hc.path {
-                None => {
-                    let mut tcp = TcpHealthCheck::new();
-                    tcp.peer_template.options.connection_timeout = Some(hc.timeout);
-                    tcp.peer_template.options.total_connection_timeout = Some(hc.timeout);
-                    tcp
-                }
-                Some(path) => Box::new(http_check(config, s, path, hc.timeout)),
-            };
-            (s.addr, check)
+            let check = kept.iter().find(|t| t.addr == s.addr).map_or_else(
+                || -> Arc<dyn health_check::HealthCheck + Send + Sync> {
+                    match &hc.path {
+                        None => {
+                            let mut tcp = TcpHealthCheck::new();
+                            tcp.peer_template.options.connection_timeout = Some(hc.timeout);
+                            tcp.peer_template.options.total_connection_timeout = Some(hc.timeout);
+                            Arc::<TcpHealthCheck>::from(tcp)
+                        }
+                        Some(path) => Arc::new(http_check(config, s, path, hc.timeout)),
+                    }
+                },
+                |t| t.check.clone(),
+            );
+            ProbeTarget {
+                addr: s.addr,
+                check,
+                name: format!("upstream {} server {}", config.name, s.name),
+            }
         })
-        .collect();
-    let names = servers
-        .iter()
-        .map(|s| {
-            (
-                s.addr,
-                format!("upstream {} server {}", config.name, s.name),
-            )
-        })
-        .collect();
-    Box::new(Probe {
-        checks,
-        timeout: hc.timeout,
-        names,
-    })
+        .collect()
 }
 
 fn http_check(
@@ -342,7 +634,7 @@ fn http_check(
         config.sni.clone()
     };
     let host = if config.sni.is_empty() {
-        server.name.as_str()
+        server.written.as_str()
     } else {
         config.sni.as_str()
     };
@@ -380,10 +672,12 @@ fn http_check(
 #[async_trait]
 impl health_check::HealthCheck for Probe {
     async fn check(&self, target: &Backend) -> Result<()> {
-        let check = target
-            .as_inet()
-            .and_then(|addr| self.checks.iter().find(|(a, _)| a == addr));
-        let Some((_, check)) = check else {
+        let check = target.as_inet().and_then(|addr| {
+            let targets = self.targets.load();
+            let target = targets.iter().find(|t| t.addr == *addr)?;
+            Some(target.check.clone())
+        });
+        let Some(check) = check else {
             return Error::e_explain(ErrorType::InternalError, "no check for this server");
         };
         match tokio::time::timeout(self.timeout, check.check(target)).await {
@@ -397,10 +691,12 @@ impl health_check::HealthCheck for Probe {
     }
 
     fn backend_summary(&self, target: &Backend) -> String {
-        let name = target
-            .as_inet()
-            .and_then(|addr| self.names.iter().find(|(a, _)| a == addr));
-        name.map_or_else(|| format!("{target:?}"), |(_, n)| n.clone())
+        let name = target.as_inet().and_then(|addr| {
+            let targets = self.targets.load();
+            let target = targets.iter().find(|t| t.addr == *addr)?;
+            Some(target.name.clone())
+        });
+        name.unwrap_or_else(|| format!("{target:?}"))
     }
 }
 
@@ -439,12 +735,26 @@ pub fn spawn_health_checks(pools: &[Arc<Pool>]) {
     }
 }
 
+/// Starts the re-resolving of every pool with `resolve`, on the current runtime: each task
+/// ends when its pool is dropped or retired by a reload.
+pub fn spawn_resolves(pools: &[Arc<Pool>]) {
+    for pool in pools {
+        if let Some(r) = &pool.resolving {
+            r.prime(&pool.config.name);
+            tokio::spawn(resolve::run(Arc::downgrade(pool)));
+        }
+    }
+}
+
 /// Hands the gauges over from `old` pools (a reload) to `new` ones: the old stop writing
 /// them, series of servers no longer configured are dropped, the rest show the new state.
 pub fn hand_over(old: &[Arc<Pool>], new: &[Arc<Pool>], metrics: &Metrics) {
     for pool in old {
         pool.retired.store(true, Ordering::Relaxed);
-        for s in &pool.servers {
+        if let Some(r) = &pool.resolving {
+            r.wake(); // its task ends now
+        }
+        for s in pool.servers.iter() {
             let kept = new.iter().any(|n| {
                 n.config.name == pool.config.name && n.servers.iter().any(|t| t.name == s.name)
             });
@@ -479,6 +789,9 @@ mod tests {
             keepalive: crate::config::DEFAULT_KEEPALIVE,
             keepalive_timeout: Duration::from_secs(60),
             protocol: crate::config::UpstreamProtocol::Http1,
+            resolve: None,
+            tls_files: Default::default(),
+            retries: None,
         }
     }
 
@@ -491,7 +804,7 @@ mod tests {
     #[tokio::test]
     async fn a_retry_never_repeats_a_server_while_another_is_left() {
         for balance in [Balance::RoundRobin, Balance::Random, Balance::Hash] {
-            let pool = Pool::resolve(&upstream(balance, &THREE, 1), &Metrics::new())
+            let pool = Pool::resolve(&upstream(balance, &THREE, 1), None, &Metrics::new())
                 .await
                 .expect("pool");
             let mut tried = Vec::new();
@@ -508,12 +821,12 @@ mod tests {
     async fn max_fails_take_a_server_out_and_a_success_brings_it_back() {
         let metrics = Metrics::new();
         let pool = Arc::new(
-            Pool::resolve(&upstream(Balance::RoundRobin, &THREE, 2), &metrics)
+            Pool::resolve(&upstream(Balance::RoundRobin, &THREE, 2), None, &metrics)
                 .await
                 .expect("pool"),
         );
         pool.publish_all();
-        let bad = pool.servers[0].addr;
+        let bad = pool.servers.iter().next().expect("a server").addr;
         pool.report(bad, false);
         let picks = |n| {
             (0..n)
@@ -536,16 +849,16 @@ mod tests {
     #[tokio::test]
     async fn with_hash_a_server_out_moves_only_its_own_clients() {
         let pool = Arc::new(
-            Pool::resolve(&upstream(Balance::Hash, &THREE, 1), &Metrics::new())
+            Pool::resolve(&upstream(Balance::Hash, &THREE, 1), None, &Metrics::new())
                 .await
                 .expect("pool"),
         );
         let before: Vec<SocketAddr> = (0..3000).map(|i| pool.pick(client(i), &[]).addr).collect();
-        for s in &pool.servers {
+        for s in pool.servers.iter() {
             let share = before.iter().filter(|a| **a == s.addr).count();
             assert!(share > 600, "{} has only {share} of 3000 clients", s.addr);
         }
-        let gone = pool.servers[1].addr;
+        let gone = pool.servers.iter().nth(1).expect("a server").addr;
         pool.report(gone, false);
         for (i, was) in before.iter().enumerate() {
             let now = pool.pick(client(i as u32), &[]).addr;
@@ -572,7 +885,7 @@ mod tests {
                 .await
                 .is_ok()
         };
-        let pool = Arc::new(Pool::resolve(&config, &metrics).await.expect("pool"));
+        let pool = Arc::new(Pool::resolve(&config, None, &metrics).await.expect("pool"));
         let task = tokio::spawn(health_check(Arc::downgrade(&pool), interval));
         tokio::time::sleep(5 * interval).await;
         assert!(!task.is_finished());
@@ -580,11 +893,72 @@ mod tests {
         hand_over(std::slice::from_ref(&pool), &[], &metrics);
         assert!(ends(task).await, "still checking after the reload");
         // ...and a pool that is dropped ends its check as well.
-        let pool = Arc::new(Pool::resolve(&config, &metrics).await.expect("pool"));
+        let pool = Arc::new(Pool::resolve(&config, None, &metrics).await.expect("pool"));
         let task = tokio::spawn(health_check(Arc::downgrade(&pool), interval));
         tokio::time::sleep(5 * interval).await;
         drop(pool);
         assert!(ends(task).await, "still checking a dropped pool");
+    }
+
+    #[tokio::test]
+    async fn a_new_answer_keeps_the_health_of_the_addresses_still_in_it() {
+        let metrics = Metrics::new();
+        let mut config = upstream(Balance::RoundRobin, &THREE[..2], 1);
+        config.resolve = Some(Duration::from_secs(1));
+        let dns = Arc::new(Dns::new(&["127.0.0.1:9".parse().expect("addr")]).expect("dns"));
+        let pool = Arc::new(
+            Pool::resolve(&config, Some(dns), &metrics)
+                .await
+                .expect("pool"),
+        );
+        pool.publish_all();
+        let addr = |s: &str| s.parse::<SocketAddr>().expect("addr");
+        let (one, two, three) = (addr(THREE[0]), addr(THREE[1]), addr(THREE[2]));
+        pool.report(one, false);
+        let gauge = |s: &str| metrics.upstream_health.with_label_values(&["u", s]).get();
+        assert_eq!(gauge(THREE[0]), 0, "out after max_fails");
+        // The name now gives `one` and `three`: `two` leaves, `three` joins.
+        assert!(pool.replace(vec![(0, one), (0, three)]).await);
+        let picks: Vec<SocketAddr> = (0..20).map(|_| pool.pick(client(1), &[]).addr).collect();
+        assert!(picks.iter().all(|a| *a == three), "{picks:?}");
+        assert_eq!(gauge(THREE[0]), 0, "`one` kept its passive health");
+        let series = String::from_utf8(metrics.render()).expect("text");
+        assert!(
+            !series.contains(&format!("server=\"{}\"", THREE[1])),
+            "{series}"
+        );
+        assert_eq!(gauge("10.0.0.1:80@10.0.0.3"), 1);
+        // The same set again changes nothing.
+        assert!(!pool.replace(vec![(0, three), (0, one)]).await);
+        pool.report(one, true);
+        let picks: Vec<SocketAddr> = (0..20).map(|_| pool.pick(client(1), &[]).addr).collect();
+        assert!(picks.contains(&one) && picks.contains(&three) && !picks.contains(&two));
+    }
+
+    #[tokio::test]
+    async fn re_resolving_ends_when_its_pool_is_retired_or_dropped() {
+        let metrics = Metrics::new();
+        let mut config = upstream(Balance::RoundRobin, &THREE, 1);
+        config.resolve = Some(Duration::from_secs(3600));
+        let dns = Arc::new(Dns::new(&["127.0.0.1:9".parse().expect("addr")]).expect("dns"));
+        let ends = |task: tokio::task::JoinHandle<()>| async move {
+            tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_ok()
+        };
+        let pool = Pool::resolve(&config, Some(dns.clone()), &metrics).await;
+        let pool = Arc::new(pool.expect("pool"));
+        let task = tokio::spawn(resolve::run(Arc::downgrade(&pool)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!task.is_finished());
+        hand_over(std::slice::from_ref(&pool), &[], &metrics);
+        assert!(ends(task).await, "still re-resolving after the reload");
+        let pool = Pool::resolve(&config, Some(dns), &metrics).await;
+        let pool = Arc::new(pool.expect("pool"));
+        let task = tokio::spawn(resolve::run(Arc::downgrade(&pool)));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(pool);
+        assert!(ends(task).await, "still re-resolving a dropped pool");
     }
 
     /// The per-request cost of choosing a server through Pingora's selectors, next to the
@@ -595,7 +969,7 @@ mod tests {
         let servers = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80"];
         let mut report = Vec::new();
         for balance in [Balance::RoundRobin, Balance::Hash] {
-            let pool = Pool::resolve(&upstream(balance, &servers, 1), &Metrics::new())
+            let pool = Pool::resolve(&upstream(balance, &servers, 1), None, &Metrics::new())
                 .await
                 .expect("pool");
             let start = Instant::now();

@@ -9,6 +9,18 @@ const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 /// (fixture, expected lines without the leading "FILE:")
 const CASES: &[(&str, &[&str])] = &[
     (
+        "calendar_reject.toml",
+        &[
+            "8:12: `timezone`: unknown time zone \"Mars/Olympus_Mons\" (expected an IANA name such as \"UTC\" or \"Europe/Berlin\")",
+            "14:10: calendar periods (\"1w\", \"1mo\", and \"1d\" with a `timezone`) work with fixed_window only, not gcra",
+            "21:1: `timezone` \"Europe/Berlin\" needs a calendar period (period = \"1d\", \"1w\" or \"1mo\")",
+            "29:24: `body_file`: cannot read tests/config/no-such-reject.json: No such file or directory (os error 2)",
+            "36:10: missing required key `body_file` in `reject` of [policies.untyped]",
+            "36:12: `content_type` must be a non-empty header value",
+            "48:1: a calendar period's overrides keep its windows: set `limit` only",
+        ],
+    ),
+    (
         "metering.toml",
         &[
             "7:1: charging from the response works with fixed_window, sliding_window, sliding_log, token_bucket and gcra (concurrency counts requests in flight; leaky_bucket has already shaped the request)",
@@ -101,6 +113,15 @@ const CASES: &[(&str, &[&str])] = &[
         "bad_cidr.toml",
         &[
             "3:20: `trusted_proxies`: bad CIDR \"10.0.0.0/33\" (expected e.g. \"10.0.0.0/8\" or \"2001:db8::/32\")",
+        ],
+    ),
+    (
+        "client_addresses.toml",
+        &[
+            "3:27: `deny`: bad CIDR \"198.51.100.300\" (expected e.g. \"10.0.0.0/8\" or \"2001:db8::/32\")",
+            "3:45: `deny`: bad CIDR \"2001:db8::/129\" (expected e.g. \"10.0.0.0/8\" or \"2001:db8::/32\")",
+            "7:29: `client_ips`: bad CIDR \"10.0.0.0/x\" (expected e.g. \"10.0.0.0/8\" or \"2001:db8::/32\")",
+            "11:1: `client_ips` needs at least one network (leave it out to match every address)",
         ],
     ),
     (
@@ -233,6 +254,35 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "upstream_tls.toml",
+        &[
+            "5:1: `ca_file` needs `tls = true`",
+            "6:1: `client_cert` needs `tls = true`",
+            "7:1: `client_key` needs `tls = true`",
+            "11:11: `ca_file`: cannot read \"tests/config/no-such-ca.pem\": No such file or directory (os error 2)",
+            "12:15: `client_cert`: cannot read \"tests/config/no-such-client.pem\": No such file or directory (os error 2)",
+            "13:14: `client_key`: cannot read \"tests/config/no-such-client.key\": No such file or directory (os error 2)",
+            "17:11: `ca_file`: no certificate in \"tests/config/upstream_tls.toml\" (expected PEM: -----BEGIN CERTIFICATE-----)",
+            "18:15: `client_cert`: no certificate in \"tests/config/upstream_tls.toml\" (expected PEM: -----BEGIN CERTIFICATE-----)",
+            "19:14: `client_key`: no private key in \"tests/config/upstream_tls.toml\" (expected PEM: PKCS#8, PKCS#1 or SEC1)",
+            "23:1: `client_cert` needs `client_key`",
+            "27:1: `client_key` needs `client_cert`",
+        ],
+    ),
+    (
+        "retries.toml",
+        &[
+            "5:24: `attempts` must be between 1 and 10, found 0",
+            "5:44: `on`: unknown value \"500\" (expected one of: connect, reset, 502, 503, 504)",
+            "5:61: `budget`: bad share \"120%\" (expected a whole percentage from 0% to 100%, e.g. \"20%\")",
+            "5:69: unknown key `tries` in `retries` of [upstreams.a]",
+            "8:24: `attempts` must be between 1 and 10, found 11",
+            "8:28: `on` needs at least one of: connect, reset, 502, 503, 504",
+            "8:46: `budget`: bad share \"20\" (expected a whole percentage from 0% to 100%, e.g. \"20%\")",
+            "11:11: `retries` must be a table, e.g. { attempts = 2, on = [\"connect\", \"reset\"] }, found an integer",
+        ],
+    ),
+    (
         "tls_certificates.toml",
         &[
             "2:1: [server] needs at least one address in `listen` or `tls_listen`",
@@ -299,6 +349,19 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "prefetch.toml",
+        &[
+            "8:1: `prefetch` works with fixed_window, sliding_window, token_bucket and gcra (a log, a queue and leases cannot be taken ahead)",
+            "16:1: `prefetch` does not combine with on_exceed = \"delay\" (units taken ahead are admitted at once)",
+            "22:20: `max` must be at least 1, found 0",
+            "22:30: `hold` must be at least 1ms",
+            "22:37: unknown key `other` in `prefetch`",
+            "28:12: missing required key `max` in `prefetch`",
+            "28:12: missing required key `hold` in `prefetch`",
+            "35:1: `prefetch` does not combine with charging from the response (`count`, `cost = { … }`): a response's charge is settled on the key, not on units taken ahead",
+        ],
+    ),
+    (
         "wrong_type.toml",
         &[
             "2:10: `listen` must be an array of strings, found a string",
@@ -309,6 +372,14 @@ const CASES: &[(&str, &[&str])] = &[
         "zero_limit.toml",
         &[
             "5:9: `limit` must be at least 1, found 0",
+        ],
+    ),
+    (
+        "upstream_resolve.toml",
+        &[
+            "3:29: `resolvers`: bad address \"dns.example:53\" (expected IP:PORT, e.g. \"127.0.0.1:8080\")",
+            "6:11: `resolve` must be at least 1s",
+            "9:11: `resolve`: bad duration \"soon\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\", \"1m\")",
         ],
     ),
 ];

@@ -89,6 +89,7 @@ fn rule(algorithm: Algorithm, limit: u64, period_ms: u64, burst: u64) -> Rule {
         burst,
         max_delay_ms: None,
         lease_ms: 60_000,
+        calendar: None,
     }
 }
 

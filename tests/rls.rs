@@ -370,7 +370,8 @@ fn envoy_gets_its_headers_shadow_wildcards_replaces_and_all_or_nothing() {
         .header("x-ratelimit-reset")
         .and_then(|r| r.parse().ok())
         .expect("x-ratelimit-reset");
-    assert!((1..=60).contains(&reset), "{reset}");
+    // Whole seconds to the 60 s window's end: 0 in its last second.
+    assert!(reset <= 60, "{reset}");
     envoy.statuses("/count", &[], 4);
     let limited = envoy.get("/count", &[]);
     assert_eq!(limited.status, 429);

@@ -244,6 +244,9 @@ pub(super) fn failures_policy(max: MaxFailures) -> Policy {
         ban: max.ban,
         metering: None,
         reserve_request: None,
+        prefetch: None,
+        calendar: None,
+        reject: None,
     }
 }
 

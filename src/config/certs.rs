@@ -129,7 +129,7 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     Ok(certs)
 }
 
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+pub(super) fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
     let bytes = read_file(path)?;
     match rustls_pemfile::private_key(&mut bytes.as_slice()) {
         Ok(Some(key)) => Ok(key),

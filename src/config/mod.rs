@@ -7,18 +7,23 @@
 //! below reads the sections in order and checks what spans them.
 
 mod auth;
+mod calendar;
 mod certs;
 pub mod jwks;
 mod limiter;
 mod metering;
+mod nets;
 mod policies;
 pub mod ratelimit;
 mod read;
+mod reject;
+mod retries;
 mod rls;
 mod routes;
 mod server;
 mod tls;
 mod tree;
+mod upstream_tls;
 mod upstreams;
 
 pub use self::rls::Rls;
@@ -26,16 +31,21 @@ pub use auth::{
     parse_hex, Auth, Consumer, JwtConsumers, JwtIssuer, JwtKeys, MaxFailures, ANONYMOUS,
     AUTH_FAILURES,
 };
+pub use calendar::{zone as calendar_zone, Calendar, CalendarUnit, Zone};
 pub use jwks::KeySet;
 pub use limiter::{Backend, ClockSource, Limiter, OnError};
 pub use metering::{Metering, Reserve, StatusRange, UsageFormat};
+pub use nets::NetSet;
 pub use policies::{
     Algorithm, Condition, KeyPart, Mode, Numbers, OnMissing, Override, Policy, Values,
 };
 pub use read::{parse_duration, parse_size, ConfigError, ConfigErrors};
+pub use reject::{Part, Placeholder, Reject, Template};
+pub use retries::{Retries, RetryOn};
 pub use routes::{AuthMode, HeaderRules, HostMatch, PathMatch, RedirectTo, Route, Scheme, Target};
 pub use server::{AccessLog, Admin, EscapedSlashes, HeaderStyle, Server, Token};
 pub use tls::{Certificate, ClientAuth, Tls, TlsVersion};
+pub use upstream_tls::{ClientCert, UpstreamTls};
 pub use upstreams::{Balance, HealthCheck, Upstream, UpstreamProtocol, DEFAULT_KEEPALIVE};
 
 use std::net::SocketAddr;
@@ -151,8 +161,15 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
         Some(n) => limiter::limiter(p, n),
         None => Some(Limiter::default()),
     };
-    let upstreams = named_tables(p, &top, "upstreams", upstreams::upstream);
+    let upstreams = named_tables(p, &top, "upstreams", |p, name, node| {
+        upstreams::upstream(p, name, node, dir)
+    });
     let mut policies = named_tables(p, &top, "policies", policies::policy);
+    reject::read_bodies(
+        p,
+        policies.iter_mut().filter_map(|x| x.reject.as_mut()),
+        dir,
+    );
     let auth = match top.get("auth") {
         Some(n) => auth::auth(p, n, dir),
         None => Some(Auth::default()),

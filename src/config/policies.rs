@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use super::calendar::{self, Calendar};
 use super::limiter::{on_error, OnError};
 use super::metering::{metering, Metering};
 use super::read::{check_name, parse_cidr, Problems, Table};
+use super::reject::{self, Reject};
 use super::tree::{Node, Spanned};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -110,6 +112,22 @@ pub struct Policy {
     /// `reserve = "request"`: the request's own upper bound is held, this much
     /// (`max_reserve`, also `cost`) when its body gives none.
     pub reserve_request: Option<u64>,
+    /// `prefetch = { max, hold }` (DESIGN §19): units an instance may take ahead for a hot
+    /// key (a Redis backend only; the memory backend ignores it).
+    pub prefetch: Option<Prefetch>,
+    /// fixed_window with `period = "1d" | "1w" | "1mo"` (DESIGN §20): calendar windows in
+    /// `timezone`; `period` then holds the longest such window (`CalendarUnit::nominal`).
+    pub calendar: Option<Calendar>,
+    /// `reject = { body_file, content_type }` (DESIGN §20): this policy's 429 body.
+    pub reject: Option<Reject>,
+}
+
+/// `prefetch = { max, hold }`: at most `max` units taken ahead per key and instance, each
+/// used within `hold` of being taken (DESIGN §19).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefetch {
+    pub max: u64,
+    pub hold: Duration,
 }
 
 /// The numbers a policy counts with: its own, an override's, or (later) a runtime
@@ -231,7 +249,12 @@ pub(super) fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>)
     let limit = t
         .required("limit")
         .and_then(|_| t.int("limit", 1..=i64::MAX));
+    let calendar = calendar::calendar(p, &t, algorithm.map(|a| a.name()));
     let period = match algorithm {
+        // A calendar period (or one written on the wrong algorithm, reported above).
+        _ if calendar.is_some() || calendar::refused(&t, algorithm.map(|a| a.name())) => {
+            calendar.map_or(Duration::from_secs(1), |c| c.unit.nominal())
+        }
         Some(Algorithm::Concurrency) => t
             .duration("period")
             .map_or(Duration::from_secs(1), |d| d.value),
@@ -349,7 +372,10 @@ pub(super) fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>)
     let period_ms = period.as_millis();
     for (key, n) in [("limit", limit), ("burst", burst), ("cost", Some(cost))] {
         if n.is_some_and(|n| {
-            algorithm != Some(Algorithm::Concurrency) && n as u128 * period_ms >= EXACT_LIMIT
+            // A calendar window only counts (no rate arithmetic in its period).
+            algorithm != Some(Algorithm::Concurrency)
+                && calendar.is_none()
+                && n as u128 * period_ms >= EXACT_LIMIT
         }) {
             p.at(
                 &t.key_span(key),
@@ -358,6 +384,8 @@ pub(super) fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>)
         }
     }
     let ban = t.duration("ban").map_or(Duration::ZERO, |d| d.value);
+    let reject = reject::reject(p, &t, &name.value);
+    let prefetch = prefetch(p, &t, algorithm, on_exceed, metering.is_some());
     let overrides = match (algorithm, limit) {
         (Some(algorithm), Some(limit)) => {
             let own = Own {
@@ -368,6 +396,7 @@ pub(super) fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>)
                 period,
                 cost,
                 delay: on_exceed,
+                calendar: calendar.is_some(),
             };
             overrides(p, &t, &own)
         }
@@ -394,6 +423,58 @@ pub(super) fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>)
         ban,
         metering,
         reserve_request,
+        prefetch,
+        calendar,
+        reject,
+    })
+}
+
+/// `prefetch = { max = N, hold = "D" }`: on the algorithms whose units can be taken ahead
+/// and given back (fixed_window, sliding_window, token_bucket and gcra, rejecting).
+fn prefetch(
+    p: &Problems,
+    t: &Table,
+    algorithm: Option<Algorithm>,
+    delay: bool,
+    metered: bool,
+) -> Option<Prefetch> {
+    let node = t.get("prefetch")?;
+    let o = Table::new(p, "`prefetch`", node)?;
+    let max = o.required("max").and_then(|_| o.int("max", 1..=i64::MAX));
+    let hold = o.required("hold").and_then(|_| o.duration("hold"));
+    if let Some(d) = hold.as_ref().filter(|d| d.value.is_zero()) {
+        p.at(&d.span, "`hold` must be at least 1ms");
+    }
+    o.finish();
+    let at = t.key_span("prefetch");
+    match algorithm {
+        Some(Algorithm::SlidingLog | Algorithm::LeakyBucket | Algorithm::Concurrency) => {
+            p.at(
+                &at,
+                "`prefetch` works with fixed_window, sliding_window, token_bucket and gcra (a log, a queue and leases cannot be taken ahead)",
+            );
+            return None;
+        }
+        _ if delay => {
+            p.at(
+                &at,
+                "`prefetch` does not combine with on_exceed = \"delay\" (units taken ahead are admitted at once)",
+            );
+            return None;
+        }
+        _ if metered => {
+            p.at(
+                &at,
+                "`prefetch` does not combine with charging from the response (`count`, `cost = { … }`): a response's charge is settled on the key, not on units taken ahead",
+            );
+            return None;
+        }
+        _ => {}
+    }
+    let (max, hold) = (max?, hold?);
+    (!hold.value.is_zero()).then_some(Prefetch {
+        max: max.value as u64,
+        hold: hold.value,
     })
 }
 
@@ -407,6 +488,8 @@ struct Own<'a> {
     period: Duration,
     cost: u64,
     delay: bool,
+    /// The policy counts calendar windows: an override keeps them (no `period`).
+    calendar: bool,
 }
 
 /// `[[policies.NAME.overrides]]`: every entry completed to plain numbers and checked by the
@@ -440,6 +523,11 @@ fn overrides(p: &Problems, t: &Table, own: &Own) -> Vec<Override> {
                 p.at(
                     &o.key_span("period"),
                     "a concurrency policy has no `period` to override",
+                );
+            } else if own.calendar {
+                p.at(
+                    &o.key_span("period"),
+                    "a calendar period's overrides keep its windows: set `limit` only",
                 );
             } else if d.value < Duration::from_millis(1) {
                 p.at(&d.span, "`period` must be at least 1ms");
@@ -476,7 +564,7 @@ fn overrides(p: &Problems, t: &Table, own: &Own) -> Vec<Override> {
             );
         }
         let period_ms = period.as_millis();
-        if own.algorithm != Algorithm::Concurrency {
+        if own.algorithm != Algorithm::Concurrency && !own.calendar {
             for (key, n) in [("limit", limit), ("burst", burst), ("cost", own.cost)] {
                 if n as u128 * period_ms >= EXACT_LIMIT {
                     let at = if o.get(key).is_some() { key } else { "period" };

@@ -323,7 +323,7 @@ pub(super) fn named_tables<T>(
     p: &Problems,
     top: &Table,
     key: &str,
-    one: fn(&Problems, &Spanned<String>, &Spanned<Node>) -> Option<T>,
+    one: impl Fn(&Problems, &Spanned<String>, &Spanned<Node>) -> Option<T>,
 ) -> Vec<T> {
     let Some(node) = top.get(key) else {
         return Vec::new();

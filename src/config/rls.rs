@@ -185,6 +185,7 @@ fn route_for(domain: &str) -> Route {
         auth: AuthMode::Off,
         metrics_as: None,
         scheme: None,
+        client_ips: Default::default(),
         strip_prefix: false,
         request_headers: HeaderRules::default(),
         response_headers: HeaderRules::default(),

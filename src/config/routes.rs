@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use regex::Regex;
 
+use super::nets::NetSet;
 use super::policies::Policy;
 use super::read::{check_name, header_name, Problems, Table};
 use super::tree::{Node, Spanned};
@@ -27,6 +28,9 @@ pub struct Route {
     pub metrics_as: Option<String>,
     /// `scheme`: only requests that arrived over this scheme match (DESIGN §14).
     pub scheme: Option<Scheme>,
+    /// `client_ips`: only requests whose client address (DESIGN §2.1) is in one of these
+    /// networks match (§20); empty: every address.
+    pub client_ips: NetSet,
     /// `strip_prefix`: the upstream gets the path without the route's `path_prefix`.
     pub strip_prefix: bool,
     /// Header rules for the upstream request, and for every response of the route.
@@ -310,6 +314,14 @@ fn route(
         "scheme",
         &[("http", Scheme::Http), ("https", Scheme::Https)],
     );
+    let client_ips = t.cidrs("client_ips");
+    if matches!(t.get("client_ips").map(|n| &n.value), Some(Node::Array(a)) if a.is_empty()) {
+        p.at(
+            &t.key_span("client_ips"),
+            "`client_ips` needs at least one network (leave it out to match every address)",
+        );
+    }
+    let client_ips = NetSet::new(client_ips);
     let strip_prefix = t.bool("strip_prefix").unwrap_or(false);
     if strip_prefix && !matches!(path, PathMatch::Prefix(_)) {
         p.at(
@@ -332,6 +344,7 @@ fn route(
     Some(Route {
         metrics_as,
         scheme,
+        client_ips,
         strip_prefix,
         request_headers,
         response_headers,

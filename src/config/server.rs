@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use super::nets::NetSet;
 use super::read::{header_name, socket_addr, Problems, Table};
 use super::tree::{Node, Spanned};
 
@@ -41,6 +42,11 @@ pub struct Server {
     pub merge_slashes: bool,
     /// What a path's `%2F` or `%5C` (an encoded slash or backslash) gets (DESIGN §17).
     pub escaped_slashes: EscapedSlashes,
+    /// `resolvers`: the DNS servers of upstreams with `resolve` (DESIGN §20); empty: those of
+    /// /etc/resolv.conf.
+    pub resolvers: Vec<SocketAddr>,
+    /// `deny`: client addresses (DESIGN §2.1) answered 403 before anything else (§20).
+    pub deny: NetSet,
 }
 
 /// `[server] escaped_slashes`: an encoded slash or backslash in a path is kept as those
@@ -103,6 +109,7 @@ pub(super) fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
     };
     let (has_plain, listen) = addresses("listen");
     let (has_tls, tls_listen) = addresses("tls_listen");
+    let (_, resolvers) = addresses("resolvers");
     if !has_plain && !has_tls {
         let at = if t.get("listen").is_some() {
             t.key_span("listen")
@@ -122,6 +129,7 @@ pub(super) fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
         .duration("grace_period")
         .map_or(Duration::from_secs(5), |d| d.value);
     let trusted_proxies = t.cidrs("trusted_proxies");
+    let deny = NetSet::new(t.cidrs("deny"));
     let client_ip_header = t
         .choice(
             "client_ip_header",
@@ -199,6 +207,8 @@ pub(super) fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
         request_id,
         merge_slashes,
         escaped_slashes,
+        resolvers,
+        deny,
     })
 }
 

@@ -1,9 +1,12 @@
 //! `[upstreams.NAME]`: servers, balancing, timeouts and health checks.
 
+use std::path::Path;
 use std::time::Duration;
 
 use super::read::{check_name, Problems, Table};
+use super::retries::{retries, Retries};
 use super::tree::{Node, Spanned};
+use super::upstream_tls::{upstream_tls, UpstreamTls};
 
 /// Idle connections kept per upstream and worker thread unless `keepalive` says otherwise:
 /// enough that a proxy at a thousand concurrent requests never closes one it needs again.
@@ -31,6 +34,13 @@ pub struct Upstream {
     /// `keepalive_timeout`: an idle pooled connection is closed after this.
     pub keepalive_timeout: Duration,
     pub protocol: UpstreamProtocol,
+    /// `ca_file`, `client_cert`, `client_key` (DESIGN §20), read from their files.
+    pub tls_files: UpstreamTls,
+    /// `retries` (DESIGN §20); `None`: only a failed connect moves to another server.
+    pub retries: Option<Retries>,
+    /// `resolve`: server hostnames are re-resolved this often (DESIGN §20); `None`: only at
+    /// load and reload.
+    pub resolve: Option<Duration>,
 }
 
 /// What an upstream speaks: HTTP/2 is over TLS with ALPN, or prior-knowledge h2c without.
@@ -61,6 +71,7 @@ pub(super) fn upstream(
     p: &Problems,
     name: &Spanned<String>,
     node: &Spanned<Node>,
+    dir: &Path,
 ) -> Option<Upstream> {
     check_name(p, name, "upstream");
     let t = Table::new(p, &format!("[upstreams.{}]", name.value), node)?;
@@ -134,6 +145,11 @@ pub(super) fn upstream(
         .int("keepalive", 1..=MAX_KEEPALIVE)
         .map_or(DEFAULT_KEEPALIVE, |n| n.value as usize);
     let keepalive_timeout = t.positive_duration("keepalive_timeout", Duration::from_secs(60));
+    let resolve = resolve(p, &t, &servers);
+    let tls_files = upstream_tls(p, &t, dir, tls);
+    let retries = t
+        .get("retries")
+        .and_then(|node| retries(p, &name.value, node));
     t.finish();
     Some(Upstream {
         name: name.value.clone(),
@@ -149,7 +165,34 @@ pub(super) fn upstream(
         keepalive,
         keepalive_timeout,
         protocol,
+        tls_files,
+        retries,
+        resolve,
     })
+}
+
+/// `resolve = "30s"`: at least 1s; a warning when every server is an IP address.
+fn resolve(p: &Problems, t: &Table, servers: &[String]) -> Option<Duration> {
+    let d = t.duration("resolve")?;
+    if d.value < Duration::from_secs(1) {
+        p.at(&d.span, "`resolve` must be at least 1s");
+        return None;
+    }
+    let literal = |s: &String| {
+        s.rsplit_once(':').is_some_and(|(host, _)| {
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok()
+        })
+    };
+    if !servers.is_empty() && servers.iter().all(literal) {
+        p.warn(
+            &d.span,
+            "`resolve`: every server is an IP address, there is nothing to re-resolve",
+        );
+    }
+    Some(d.value)
 }
 
 /// `health_check = { interval, path, timeout }`; `timeout` defaults to the smaller of

@@ -16,7 +16,8 @@
 
 use std::collections::VecDeque;
 
-use crate::config::Algorithm;
+use super::calendar;
+use crate::config::{Algorithm, Calendar};
 
 /// The largest cost (DESIGN §17), and the most a count, a bucket's deficit or a tat's lead
 /// holds: 2^53, below which Redis's Lua numbers (doubles) are exact integers.
@@ -56,6 +57,9 @@ pub struct Rule {
     pub max_delay_ms: Option<u64>,
     /// concurrency: a held slot is reclaimed after this.
     pub lease_ms: u64,
+    /// fixed_window with a calendar period (DESIGN §20): its windows are calendar days,
+    /// weeks or months (`period_ms` is then only what the policy reports).
+    pub calendar: Option<Calendar>,
 }
 
 /// The outcome of one policy for one request.
@@ -141,7 +145,7 @@ pub fn refund(rule: &Rule, state: &State, charged_at: u64, cost: u64) -> Option<
     let cost = clamp_cost(cost);
     let p = rule.period_ms;
     match state {
-        State::Window { start, count } if *start == charged_at - charged_at % p => {
+        State::Window { start, count } if *start == window(rule, charged_at).0 => {
             Some(State::Window {
                 start: *start,
                 count: count.saturating_sub(cost),
@@ -208,7 +212,10 @@ pub fn refund(rule: &Rule, state: &State, charged_at: u64, cost: u64) -> Option<
 pub fn expires_at(rule: &Rule, state: &State) -> u64 {
     let p = rule.period_ms;
     match state {
-        State::Window { start, .. } => start + p,
+        State::Window { start, .. } => match rule.calendar {
+            None => start + p,
+            Some(c) => calendar::window(c, *start).1,
+        },
         State::Sliding { start, curr, .. } => start + if *curr > 0 { 2 * p } else { p },
         State::Log { entries, .. } => entries.back().map_or(0, |(t, _)| t + p),
         State::Bucket { scaled, last } => {
@@ -224,13 +231,25 @@ fn ceil_div(a: u128, b: u128) -> u128 {
     a.div_ceil(b)
 }
 
+/// The fixed window `at` falls in, [start, end) in ms: aligned to multiples of the period
+/// since the epoch, or a calendar day, week or month.
+pub fn window(rule: &Rule, at: u64) -> (u64, u64) {
+    match rule.calendar {
+        None => {
+            let start = at - at % rule.period_ms;
+            (start, start + rule.period_ms)
+        }
+        Some(c) => calendar::window(c, at),
+    }
+}
+
 fn fixed_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
-    let start = now - now % rule.period_ms;
+    let (start, end) = window(rule, now);
     let count = match state {
         Some(State::Window { start: s, count }) if *s == start => *count,
         _ => 0,
     };
-    let reset_ms = start + rule.period_ms - now;
+    let reset_ms = end - now;
     let allowed = cost == 0 || fits(count, cost, rule.limit);
     let after = if allowed {
         add_units(count, cost)
@@ -576,6 +595,7 @@ mod tests {
             burst,
             max_delay_ms: None,
             lease_ms: 60_000,
+            calendar: None,
         }
     }
 

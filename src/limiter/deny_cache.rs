@@ -131,6 +131,7 @@ mod tests {
             burst: limit,
             max_delay_ms: None,
             lease_ms: 1,
+            calendar: None,
         }
     }
 

@@ -80,7 +80,9 @@ impl Limiter {
             charges: Vec::new(),
         };
         if violated.is_empty() && !checks.is_empty() {
-            let verdicts = self.call_backend(&checks, now, policies, &checked).await;
+            let verdicts = self
+                .call_backend(route, &checks, now, policies, &checked)
+                .await;
             self.apply(&mut outcome, policies, &checks, &checked, verdicts, now);
             for (p, i) in std::mem::take(&mut outcome.policies).into_iter().zip(&at) {
                 results[*i] = Some(p);

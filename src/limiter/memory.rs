@@ -369,6 +369,7 @@ mod tests {
                 burst: limit,
                 max_delay_ms: None,
                 lease_ms: 60_000,
+                calendar: None,
             },
             cost: 1,
             enforce,

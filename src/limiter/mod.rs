@@ -6,12 +6,15 @@
 
 pub mod algorithm;
 pub mod backend;
+pub mod calendar;
 pub mod connections;
 mod deny_cache;
+mod held;
 mod identity;
 pub mod keyed;
 pub mod memory;
 pub mod overrides;
+mod prefetch;
 mod pubsub;
 pub mod redis;
 pub mod runtime;
@@ -243,6 +246,8 @@ impl Charge {
 pub struct Limiter {
     settings: config::Limiter,
     backend: Arc<dyn Backend>,
+    /// The backend when it is Redis: prefetch takes units from it (DESIGN §19).
+    redis: Option<Arc<redis::RedisBackend>>,
     /// The memory backend: the store itself, or the `on_error = "local"` fallback.
     local: Arc<MemoryBackend>,
     deny_cache: Option<DenyCache>,
@@ -334,10 +339,14 @@ impl Limiter {
                     .counting_evictions(metrics.memory_evictions.clone()),
             ),
         };
-        let backend: Arc<dyn Backend> = match (&settings.backend, same) {
-            (config::Backend::Memory, _) => local.clone(),
-            (_, Some(p)) => p.backend.clone(),
-            (_, None) => Arc::new(redis::RedisBackend::connect(&settings).await?),
+        let redis = match (&settings.backend, same) {
+            (config::Backend::Memory, _) => None,
+            (_, Some(p)) => p.redis.clone(),
+            (_, None) => Some(Arc::new(redis::RedisBackend::connect(&settings).await?)),
+        };
+        let backend: Arc<dyn Backend> = match &redis {
+            Some(r) => r.clone(),
+            None => local.clone(),
         };
         let policies_same = cfg.policies.len() == previous_policies.len()
             && cfg
@@ -353,6 +362,11 @@ impl Limiter {
         };
         let shared = previous.map(|p| p.shared.clone()).unwrap_or_default();
         shared.set_deny_cache(deny_cache.clone());
+        if same.is_none() {
+            // Units held were taken from another backend.
+            shared.prefetch.drop_all();
+        }
+        prefetch::prime(&metrics, cfg);
         let follower = match same {
             Some(p) => p.follower.clone(),
             None => {
@@ -432,6 +446,7 @@ impl Limiter {
         Ok(Limiter {
             settings,
             backend,
+            redis,
             local,
             deny_cache,
             breaker: Breaker::default(),
@@ -593,7 +608,9 @@ impl Limiter {
             return outcome;
         }
         if !checks.is_empty() {
-            let verdicts = self.call_backend(&checks, now, policies, &checked).await;
+            let verdicts = self
+                .call_backend(route, &checks, now, policies, &checked)
+                .await;
             self.apply(&mut outcome, policies, &checks, &checked, verdicts, now);
         }
         self.count(route, policies, policy_ids, &outcome);
@@ -769,8 +786,9 @@ impl Limiter {
         self.leases.fetch_add(2, Ordering::Relaxed)
     }
 
-    /// The backend's verdicts, or per-check fallbacks when it fails.
-    async fn call_backend(
+    /// The backend's verdicts, or per-check fallbacks when it fails (`call_backend`, in
+    /// `prefetch`, asks it for what held units do not cover).
+    async fn call_store(
         &self,
         checks: &[Check],
         now: u64,
@@ -1190,6 +1208,8 @@ pub fn rule_of(policy: &Policy, numbers: Numbers) -> Rule {
         burst: numbers.burst.get(),
         max_delay_ms: policy.delay.map(|d| d.as_millis() as u64),
         lease_ms: (policy.lease.as_millis() as u64).max(1),
+        // Calendar windows (DESIGN §20), unless an override counts another period.
+        calendar: policy.calendar.filter(|_| numbers.period == policy.period),
     }
 }
 

@@ -226,6 +226,32 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// Prefetch (DESIGN §19): takes up to `want` units of `check`'s key ahead and gives back
+    /// `back` units of the take made at `back_at` (the script's clock), in one call of
+    /// `lua/prefetch.lua`, on the I/O runtime (a refill is rare next to the requests it
+    /// serves).
+    pub(crate) async fn take(
+        &self,
+        check: &Check,
+        want: u64,
+        back: u64,
+        back_at: u64,
+        now_ms: u64,
+    ) -> Result<super::held::Taken, BackendError> {
+        let call =
+            scripts::prefetch_invocation(check, want, back, back_at, self.script_now(now_ms));
+        let store = self.store.clone();
+        let values = self
+            .run(async move {
+                let result = call.invoke_async::<Vec<i64>>(&mut store.conn()?).await;
+                store.checked(result)
+            })
+            .await?;
+        super::held::Taken::from_reply(&values)
+    }
+}
+
 /// The connection a store's calls go on: the one server's or the Sentinel master's
 /// (managed, reconnecting), or the cluster's.
 enum Conn {

@@ -66,6 +66,8 @@ pub struct Shared {
     auth_bans: Mutex<HashMap<String, u64>>,
     /// `auth_bans.len()`, read without the lock (or a key) on every request.
     auth_ban_count: AtomicUsize,
+    /// Units taken ahead for hot keys (DESIGN §19), dropped by resets, overrides and bans.
+    pub prefetch: super::held::Holder,
 }
 
 /// Bans remembered at most; past it, expired ones go first, then the oldest half.
@@ -98,17 +100,24 @@ impl Shared {
         let mut map = self.overrides.write();
         map.insert(key.to_owned(), o);
         self.count.store(map.len(), Ordering::Relaxed);
+        self.prefetch.drop_all();
     }
 
     pub fn remove(&self, key: &str) -> bool {
         let mut map = self.overrides.write();
         let had = map.remove(key).is_some();
         self.count.store(map.len(), Ordering::Relaxed);
+        if had {
+            self.prefetch.drop_all();
+        }
         had
     }
 
     fn replace(&self, all: HashMap<String, RuntimeOverride>) {
         let mut map = self.overrides.write();
+        if *map != all {
+            self.prefetch.drop_all();
+        }
         *map = all;
         self.count.store(map.len(), Ordering::Relaxed);
     }
@@ -137,6 +146,7 @@ impl Shared {
         if let Some(cache) = self.deny_cache.lock().as_ref() {
             cache.forget(key);
         }
+        self.prefetch.drop_key(key);
         let mut bans = self.auth_bans.lock();
         bans.remove(key);
         self.auth_ban_count.store(bans.len(), Ordering::Relaxed);
@@ -186,6 +196,9 @@ pub fn channel_name(key_prefix: &str) -> String {
 pub const CHANGED: &str = "override";
 pub const RESET: &str = "reset ";
 pub const BAN: &str = "ban ";
+/// "prefetch-drop <storage key>": a prefetch key was banned; every instance drops the units
+/// it holds for it (DESIGN §19).
+pub const DROP: &str = "prefetch-drop ";
 
 /// Reads the fleet's runtime consumers into `shared`, one read at a time.
 pub async fn reload_consumers(
@@ -312,11 +325,19 @@ impl Listener for FleetListener {
     }
 
     async fn subscribed(&self) -> Result<(), String> {
+        // A reset or a ban may have gone unheard: units held for any key may be stale.
+        if let Some(shared) = self.shared.upgrade() {
+            shared.prefetch.drop_all();
+        }
         self.reload().await
     }
 
     async fn message(&self, text: &str) {
-        if let Some(key) = text.strip_prefix(RESET) {
+        if let Some(key) = text.strip_prefix(DROP) {
+            if let Some(shared) = self.shared.upgrade() {
+                shared.prefetch.drop_key(key);
+            }
+        } else if let Some(key) = text.strip_prefix(RESET) {
             if let Some(shared) = self.shared.upgrade() {
                 shared.forget(key);
             }

@@ -162,7 +162,7 @@ pub(crate) fn invocation<'c>(
         Mode::Peek => call.arg(flags("peek", &checks)),
     };
     call.arg(now.map(|n| n.to_string()).unwrap_or_default());
-    push_checks(&mut call, &checks, banning);
+    push_checks(&mut call, &checks, banning, now);
     call
 }
 
@@ -181,7 +181,9 @@ pub(crate) fn adjust_invocation<'a>(
     call.arg("adjust")
         .arg(now.map(|n| n.to_string()).unwrap_or_default());
     for adjustment in adjustments {
-        push_rule(&mut call, &adjustment.check);
+        // A refund's calendar window is that of its charge.
+        let of = (adjustment.amount < 0).then_some(adjustment.charged_at);
+        push_rule(&mut call, &adjustment.check, now, of);
         call.arg(adjustment.amount).arg(adjustment.charged_at);
     }
     call
@@ -223,7 +225,7 @@ pub(crate) fn batch_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'st
             if each {
                 call.arg(now.unwrap_or_default());
             }
-            push_checks(&mut call, &checks, true);
+            push_checks(&mut call, &checks, true, now);
         }
         before = checks;
     }
@@ -236,6 +238,8 @@ fn same_fields(a: &[Check], b: &[Check]) -> bool {
         && a.iter().zip(b).all(|(a, b)| {
             (a.rule, a.cost, a.enforce, a.lease, a.ban_ms)
                 == (b.rule, b.cost, b.enforce, b.lease, b.ban_ms)
+                // A calendar check's fields hold its request's time (`push_rule`).
+                && a.rule.calendar.is_none()
         })
 }
 
@@ -254,12 +258,28 @@ fn flags(mode: &str, checks: &[&Check]) -> String {
 /// Every check's key and six fields; with `banning`, then the ban key and the ban of every
 /// check that bans.
 /// A check's key and its first five fields: algorithm, limit, period, burst, max_delay.
-fn push_rule(call: &mut ScriptInvocation<'static>, check: &Check) {
+///
+/// A calendar fixed_window (DESIGN §20) sends instead, in the places of period, burst and
+/// max_delay: minus the length of its window, the window's start, and the proxy's time
+/// (`now`, or the system clock's when the script reads TIME), which the script decides it
+/// at; the window is the one that time falls in, or `of` (a refund's charge).
+fn push_rule(
+    call: &mut ScriptInvocation<'static>,
+    check: &Check,
+    now: Option<u64>,
+    of: Option<u64>,
+) {
     let rule = &check.rule;
     call.key(&check.key)
         .arg(rule.algorithm.name())
-        .arg(rule.limit)
-        .arg(rule.period_ms);
+        .arg(rule.limit);
+    if let Some(calendar) = rule.calendar {
+        let now = now.unwrap_or_else(crate::clock::unix_ms);
+        let (start, end) = super::calendar::window(calendar, of.unwrap_or(now));
+        call.arg(-((end - start) as i64)).arg(start).arg(now);
+        return;
+    }
+    call.arg(rule.period_ms);
     if rule.algorithm == Algorithm::Concurrency {
         // In the places of burst and max_delay, which concurrency has no use for.
         call.arg(rule.lease_ms).arg(check.lease);
@@ -269,9 +289,14 @@ fn push_rule(call: &mut ScriptInvocation<'static>, check: &Check) {
     }
 }
 
-fn push_checks(call: &mut ScriptInvocation<'static>, checks: &[&Check], banning: bool) {
+fn push_checks(
+    call: &mut ScriptInvocation<'static>,
+    checks: &[&Check],
+    banning: bool,
+    now: Option<u64>,
+) {
     for check in checks {
-        push_rule(call, check);
+        push_rule(call, check, now, None);
         call.arg(check.cost);
     }
     if banning {
@@ -313,6 +338,55 @@ pub(crate) fn renew_invocation(
         .arg(now.map(|n| n.to_string()).unwrap_or_default())
         .arg(lease)
         .arg(lease_ms);
+    call
+}
+
+/// `lua/prefetch.lua` for `algorithm`: common.lua, the algorithm's file, the line naming
+/// it, then the entry point that takes units ahead (DESIGN §19). Built and hashed once.
+fn prefetch_script(algorithm: Algorithm) -> &'static Script {
+    static SCRIPTS: [OnceLock<Script>; FILES.len()] = [const { OnceLock::new() }; FILES.len()];
+    let at = Algorithm::ALL
+        .iter()
+        .position(|a| *a == algorithm)
+        .unwrap_or(0);
+    SCRIPTS[at].get_or_init(|| {
+        let name = algorithm.name();
+        Script::new(&format!(
+            "{COMMON}\n{}\nlocal ALGORITHM, NAME, ALGORITHMS = {name}, '{name}', nil\n{}",
+            FILES[at],
+            include_str!("../../lua/prefetch.lua")
+        ))
+    })
+}
+
+/// One "prefetch" call (`lua/prefetch.lua`) for `check`'s key: take up to `want` units
+/// (at least `check.cost`), giving back `back` units of the take made at `back_at`. `now`
+/// as for `invocation`. The reply is `{now, granted, remaining, reset_ms, delay_ms,
+/// returned}`.
+pub(crate) fn prefetch_invocation(
+    check: &Check,
+    want: u64,
+    back: u64,
+    back_at: u64,
+    now: Option<u64>,
+) -> ScriptInvocation<'static> {
+    let mut call = prefetch_script(check.rule.algorithm).prepare_invoke();
+    call.arg("prefetch")
+        .arg(now.map(|n| n.to_string()).unwrap_or_default());
+    let rule = &check.rule;
+    call.key(&check.key)
+        .arg(rule.algorithm.name())
+        .arg(rule.limit)
+        .arg(rule.period_ms)
+        .arg(rule.burst)
+        .arg("");
+    if bans(check) {
+        call.key(ban_key(&check.key));
+    }
+    call.arg(want.max(check.cost))
+        .arg(check.cost)
+        .arg(back)
+        .arg(back_at);
     call
 }
 
@@ -527,6 +601,7 @@ mod tests {
                 burst: 5,
                 max_delay_ms: Some(250),
                 lease_ms: 60_000,
+                calendar: None,
             },
             cost: 2,
             enforce: false,
@@ -578,6 +653,7 @@ mod tests {
                 burst: 5,
                 max_delay_ms: None,
                 lease_ms: 60_000,
+                calendar: None,
             },
             cost: 1,
             enforce: true,

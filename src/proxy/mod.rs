@@ -18,6 +18,7 @@ use pingora::proxy::FailToProxy;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 
 use crate::auth::{self, Identity, Presented};
+use crate::config::RetryOn;
 use crate::config::{
     AccessLog, AuthMode, HeaderRules, Metering, PathMatch, RedirectTo, Scheme, Target,
     UpstreamProtocol, AUTH_FAILURES,
@@ -68,6 +69,12 @@ pub struct Ctx {
     upstream_started: Option<Instant>,
     /// Servers tried for this request, in order; the last one is answering it.
     upstream_tried: Vec<std::net::SocketAddr>,
+    /// The upstream's `retries` (DESIGN §20): this request's tries, counted in its budget.
+    retry: Option<crate::retry::Tries>,
+    /// A retry on the upstream's status was granted: the error that ends this try says so.
+    retry_status: bool,
+    /// A response header of the upstream went on to the client: no more retries.
+    upstream_answered: bool,
     /// The route's `max_request_body` (0 = unlimited) and the body bytes seen so far.
     body_limit: u64,
     body_seen: u64,
@@ -229,6 +236,9 @@ impl ProxyHttp for Proxy {
             held_body: None,
             upstream_started: None,
             upstream_tried: Vec::new(),
+            retry: None,
+            retry_status: false,
+            upstream_answered: false,
             body_limit: 0,
             body_seen: 0,
             identity: Identity::anonymous(),
@@ -261,6 +271,36 @@ impl ProxyHttp for Proxy {
             return Err(Error::new(ErrorType::InternalError));
         };
         let config = &gateway.config;
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+        let req = session.req_header();
+        ctx.client_ip = key::client_ip(
+            peer,
+            &req.headers,
+            &config.server.client_ip_header,
+            &config.server.trusted_proxies,
+        );
+        if let Some(name) = &config.server.request_id {
+            let id = request_id(&req.headers, name, peer, &config.server.trusted_proxies);
+            session.req_header_mut().insert_header(name, &id)?;
+            ctx.request_id = Some((name.clone(), id));
+        }
+        // `[server] deny` (DESIGN §20): before anything else, auth and policies included.
+        if config.server.deny.contains(ctx.client_ip) {
+            self.app.metrics.requests_denied.inc();
+            let extra = Extra::of(ctx, &gateway);
+            if response::is_grpc(&session.req_header().headers) {
+                let denied = response::GrpcStatus::PermissionDenied;
+                let status = response::grpc_status(denied, "client address denied");
+                write_grpc(session, &status, extra).await?;
+            } else {
+                let body = response::denied_client().into();
+                write_response(session, 403, &[], response::PROBLEM, body, extra).await?;
+            }
+            return Ok(true);
+        }
         if let Some(problem) = host_problem(session.req_header()) {
             session.set_keepalive(None);
             let body = response::problem(400, "Bad Request", problem);
@@ -281,23 +321,6 @@ impl ProxyHttp for Proxy {
         let host = routing::normalize_host(raw_host);
         let path = req.uri.path().to_owned();
         let method = req.method.as_str().to_owned();
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-        let req = session.req_header();
-        ctx.client_ip = key::client_ip(
-            peer,
-            &req.headers,
-            &config.server.client_ip_header,
-            &config.server.trusted_proxies,
-        );
-        if let Some(name) = &config.server.request_id {
-            let id = request_id(&req.headers, name, peer, &config.server.trusted_proxies);
-            session.req_header_mut().insert_header(name, &id)?;
-            ctx.request_id = Some((name.clone(), id));
-        }
-        let req = session.req_header();
         let scheme = if session.digest().is_some_and(|d| d.ssl_digest.is_some()) {
             Scheme::Https
         } else {
@@ -330,9 +353,10 @@ impl ProxyHttp for Proxy {
             Some(normal) => ctx.path.insert(normal).clone(),
             None => path,
         };
-        let found = gateway
-            .routes
-            .find(&config.routes, &host, &path, &method, scheme);
+        let found =
+            gateway
+                .routes
+                .find(&config.routes, &host, &path, &method, scheme, ctx.client_ip);
         let Some(route_id) = found else {
             let extra = Extra::of(ctx, &gateway);
             if grpc {
@@ -436,7 +460,8 @@ impl ProxyHttp for Proxy {
         ctx.charges = outcome.charges;
         if let Some(denial) = &outcome.denial {
             let extra = Extra::of(ctx, &gateway);
-            write_denial(session, grpc, denial, &ctx.rate_headers, extra).await?;
+            let body = response::reject_body(&config.policies, &ctx.decisions, denial);
+            write_denial(session, grpc, denial, &ctx.rate_headers, body, extra).await?;
             return Ok(true);
         }
         if outcome.wait_ms > 0 {
@@ -525,6 +550,9 @@ impl ProxyHttp for Proxy {
             return Err(Error::new(ErrorType::InternalError));
         };
         let pool = &gateway.pools[upstream];
+        if let (None, Some(budget)) = (&ctx.retry, &gateway.retries[upstream]) {
+            ctx.retry = Some(budget.enter());
+        }
         let server = pool.pick(ctx.client_ip, &ctx.upstream_tried);
         ctx.upstream_tried.push(server.addr);
         let cfg = &pool.config;
@@ -534,6 +562,10 @@ impl ProxyHttp for Proxy {
             (true, false) => cfg.sni.clone(),
         };
         let mut peer = HttpPeer::new(server.addr, cfg.tls, sni);
+        if cfg.tls {
+            // `ca_file`, `client_cert` (DESIGN §20): shared, built at config load.
+            gateway.peer_tls[upstream].apply(&mut peer);
+        }
         if cfg.protocol == UpstreamProtocol::H2 {
             // HTTP/2 only: ALPN h2 over TLS; without TLS, Pingora's connector speaks
             // prior-knowledge h2c to a peer whose lowest version is 2.
@@ -563,11 +595,86 @@ impl ProxyHttp for Proxy {
             if let Some(addr) = peer.address().as_inet() {
                 pool.report(*addr, false);
             }
-            if ctx.upstream_tried.len() < pool.servers.len() {
-                e.set_retry(true);
+            match &mut ctx.retry {
+                // `retries` decides (DESIGN §20); nothing of the request has left, so a
+                // failed connect is tried again whatever the method.
+                Some(tries) => e.set_retry(tries.retry(RetryOn::Connect)),
+                None if ctx.upstream_tried.len() < pool.servers.len() => e.set_retry(true),
+                None => {}
             }
         }
         e
+    }
+
+    /// With `retries` (DESIGN §20): a retry on status granted by `upstream_response_filter`,
+    /// or, for an idempotent request (GET HEAD OPTIONS PUT DELETE) whose body Pingora holds
+    /// whole, a connection the upstream closed, reset or let time out before any response
+    /// header. Otherwise, and without `retries`, Pingora's own rule: an idempotent request
+    /// is retried when a reused (keep-alive) connection failed.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Ctx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        if std::mem::take(&mut ctx.retry_status) {
+            e.set_retry(true);
+            return e;
+        }
+        let truncated = session.as_ref().retry_buffer_truncated();
+        if let Some(tries) = &mut ctx.retry {
+            let reset = *e.esource() == pingora::ErrorSource::Upstream
+                && !ctx.upstream_answered
+                && session.response_written().is_none();
+            if reset
+                && !truncated
+                && retry_safe(&session.req_header().method)
+                && tries.retry(RetryOn::Reset)
+            {
+                e.set_retry(true);
+                return e;
+            }
+        }
+        if !session.req_header().method.is_idempotent() || truncated {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        e
+    }
+
+    /// With `retries` on 502, 503 or 504: such an answer, before any of it went to the
+    /// client, ends this try with an error Pingora retries (another server where there is
+    /// one); the last try's answer goes through as it is.
+    async fn upstream_response_filter(
+        &self,
+        session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let Some(tries) = &mut ctx.retry else {
+            return Ok(());
+        };
+        let status = resp.status.as_u16();
+        if let Some(reason) = RetryOn::of_status(status) {
+            if !ctx.upstream_answered
+                && session.response_written().is_none()
+                && retry_safe(&session.req_header().method)
+                && !session.as_ref().retry_buffer_truncated()
+                && tries.retry(reason)
+            {
+                ctx.retry_status = true;
+                return Error::e_explain(
+                    ErrorType::HTTPStatus(status),
+                    "the upstream's answer is retried",
+                );
+            }
+        }
+        ctx.upstream_answered = true;
+        Ok(())
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
@@ -804,7 +911,7 @@ impl Proxy {
                     retry_after_ms: ms,
                     violated: vec![AUTH_FAILURES.to_owned()],
                 };
-                write_denial(session, grpc, &denial, &[], Extra::of(ctx, gateway)).await?;
+                write_denial(session, grpc, &denial, &[], None, Extra::of(ctx, gateway)).await?;
                 return Ok(true);
             }
         }
@@ -870,12 +977,14 @@ impl Proxy {
     }
 }
 
-/// Writes a policy denial: a gRPC status, or the policy's status with a problem body.
+/// Writes a policy denial: a gRPC status, or the policy's status with its `reject` body
+/// (`body`: the bytes and their content type) or a problem body.
 async fn write_denial(
     session: &mut Session,
     grpc: bool,
     denial: &crate::limiter::Denial,
     rate_headers: &[(&'static str, String)],
+    body: Option<(Vec<u8>, &str)>,
     extra: Extra<'_>,
 ) -> Result<()> {
     if grpc {
@@ -883,18 +992,14 @@ async fn write_denial(
         headers.extend(rate_headers.iter().cloned());
         return write_grpc(session, &headers, extra).await;
     }
-    let (status, more, body) = response::denial(denial);
+    let (status, more, problem) = response::denial(denial);
     let mut headers = rate_headers.to_vec();
     headers.extend(more);
-    write_response(
-        session,
-        status,
-        &headers,
-        response::PROBLEM,
-        Bytes::from(body),
-        extra,
-    )
-    .await
+    let (body, content_type) = match body {
+        Some((body, content_type)) => (Bytes::from(body), content_type),
+        None => (Bytes::from(problem), response::PROBLEM),
+    };
+    write_response(session, status, &headers, content_type, body, extra).await
 }
 
 /// The request target as the client sent it (path and query, byte for byte), for a
@@ -1363,4 +1468,16 @@ fn access_log(
     };
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
+}
+
+/// The methods `retries` may send again once the upstream has seen them (DESIGN §20).
+fn retry_safe(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::GET
+            | http::Method::HEAD
+            | http::Method::OPTIONS
+            | http::Method::PUT
+            | http::Method::DELETE
+    )
 }

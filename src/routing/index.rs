@@ -4,6 +4,7 @@
 //! earlier route can match.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 
 use crate::config::{HostMatch, PathMatch, Route, Scheme};
 
@@ -36,9 +37,11 @@ impl PathIndex {
         }
     }
 
-    /// Lowers `best` to the first route of this index that fits `path` and `method`.
-    fn find(&self, routes: &[Route], path: &str, method: &str, scheme: Scheme, best: &mut u32) {
-        let fits = |id: &u32| super::fits(&routes[*id as usize], method, scheme);
+    /// Lowers `best` to the first route of this index that fits `path`, `method`, `scheme`
+    /// and `client`.
+    fn find(&self, routes: &[Route], path: &str, req: Fits, best: &mut u32) {
+        let (method, scheme, client) = req;
+        let fits = |id: &u32| super::fits(&routes[*id as usize], method, scheme, client);
         let mut first_of = |ids: &Ids| {
             if let Some(&id) = ids.iter().take_while(|id| **id < *best).find(|id| fits(id)) {
                 *best = id;
@@ -65,6 +68,10 @@ impl PathIndex {
         }
     }
 }
+
+/// What a candidate route is checked against besides host and path: method, scheme and
+/// client address.
+type Fits<'a> = (&'a str, Scheme, IpAddr);
 
 /// A route with several matchers of one kind is listed once under each.
 fn push(ids: &mut Ids, id: u32) {
@@ -115,8 +122,10 @@ impl RouteIndex {
         index
     }
 
-    /// The first route (in config order) whose hosts, path and methods fit: what
-    /// `super::match_route` answers. `host` is lower-case without port.
+    /// The first route (in config order) whose hosts, path, methods, scheme and
+    /// `client_ips` fit: what `super::match_route` answers. `host` is lower-case without
+    /// port; `client` is the client address of DESIGN §2.1. A route with `client_ips` is a
+    /// candidate like any other, checked by that condition: no route is scanned for it.
     pub fn find(
         &self,
         routes: &[Route],
@@ -124,10 +133,12 @@ impl RouteIndex {
         path: &str,
         method: &str,
         scheme: Scheme,
+        client: IpAddr,
     ) -> Option<usize> {
+        let req = (method, scheme, client);
         let mut best = u32::MAX;
         if let Some(index) = self.exact_hosts.get(host) {
-            index.find(routes, path, method, scheme, &mut best);
+            index.find(routes, path, req, &mut best);
         }
         for &len in &self.suffix_lengths {
             // "*.example.org" matches "a.example.org", never "example.org" itself.
@@ -138,10 +149,10 @@ impl RouteIndex {
                 continue;
             };
             if let Some(index) = self.suffix_hosts.get(suffix) {
-                index.find(routes, path, method, scheme, &mut best);
+                index.find(routes, path, req, &mut best);
             }
         }
-        self.any_host.find(routes, path, method, scheme, &mut best);
+        self.any_host.find(routes, path, req, &mut best);
         (best != u32::MAX).then_some(best as usize)
     }
 }
@@ -189,6 +200,8 @@ mod tests {
         "",
     ];
     const METHODS: &[&str] = &["GET", "POST", "PUT"];
+    const CLIENT_IPS: &[&str] = &["10.0.0.0/8", "10.1.2.3", "2001:db8::/32", "192.0.2.0/24"];
+    const CLIENTS: &[&str] = &["10.1.2.3", "10.9.9.9", "192.0.2.7", "2001:db8::1", "::1"];
 
     fn random_config(rng: &mut Rng, routes: usize) -> Vec<Route> {
         let mut text = String::from("[server]\nlisten = [\"127.0.0.1:1\"]\n");
@@ -224,6 +237,12 @@ mod tests {
             if rng.next().is_multiple_of(4) {
                 text.push_str(&format!("scheme = \"{}\"\n", rng.pick(&["http", "https"])));
             }
+            if rng.next().is_multiple_of(3) {
+                let nets: Vec<String> = (0..1 + rng.next() % 2)
+                    .map(|_| format!("\"{}\"", rng.pick(CLIENT_IPS)))
+                    .collect();
+                text.push_str(&format!("client_ips = [{}]\n", nets.join(", ")));
+            }
         }
         config::parse("t.toml", &text)
             .expect("generated config")
@@ -241,11 +260,14 @@ mod tests {
                 for path in PATHS.iter().chain(&["/v1/users/42/x", "/hellox"]) {
                     for method in METHODS {
                         for scheme in [Scheme::Http, Scheme::Https] {
-                            assert_eq!(
-                                index.find(&routes, host, path, method, scheme),
-                                match_route(&routes, host, path, method, scheme),
-                                "seed {seed}: {method} {scheme:?} {host}{path}"
-                            );
+                            for client in CLIENTS {
+                                let ip: IpAddr = client.parse().expect("test address");
+                                assert_eq!(
+                                    index.find(&routes, host, path, method, scheme, ip),
+                                    match_route(&routes, host, path, method, scheme, ip),
+                                    "seed {seed}: {method} {scheme:?} {host}{path} from {client}"
+                                );
+                            }
                         }
                     }
                 }

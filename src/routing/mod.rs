@@ -1,11 +1,14 @@
-//! Matching a request to the first route whose hosts, path and methods all fit: the plain
-//! scan states the rule, `index` answers it at a cost that does not grow with the config;
-//! `path` gives the one spelling of a path that routes match (DESIGN §17).
+//! Matching a request to the first route whose hosts, path, methods, scheme and client
+//! addresses all fit: the plain scan states the rule, `index` answers it at a cost that does
+//! not grow with the config; `path` gives the one spelling of a path that routes match
+//! (DESIGN §17).
 
 mod index;
 mod path;
 pub use index::RouteIndex;
 pub use path::{normalize_path, PathError};
+
+use std::net::IpAddr;
 
 use crate::config::{HostMatch, PathMatch, Route, Scheme};
 
@@ -13,25 +16,29 @@ use crate::config::{HostMatch, PathMatch, Route, Scheme};
 pub const UNMATCHED: &str = "unmatched";
 
 /// Index of the first matching route, by scanning them all: the meaning of routing, which
-/// `RouteIndex` must answer exactly. `host` is lower-case without port.
+/// `RouteIndex` must answer exactly. `host` is lower-case without port; `client` is the
+/// client address of DESIGN §2.1.
 pub fn match_route(
     routes: &[Route],
     host: &str,
     path: &str,
     method: &str,
     scheme: Scheme,
+    client: IpAddr,
 ) -> Option<usize> {
     routes.iter().position(|r| {
         (r.hosts.is_empty() || r.hosts.iter().any(|h| host_matches(h, host)))
             && path_matches(&r.path, path)
-            && fits(r, method, scheme)
+            && fits(r, method, scheme, client)
     })
 }
 
-/// The route's `methods` and `scheme` allow this request.
-pub fn fits(route: &Route, method: &str, scheme: Scheme) -> bool {
+/// The route's `methods`, `scheme` and `client_ips` allow this request: the conditions
+/// checked on each candidate the index finds by host and path.
+pub fn fits(route: &Route, method: &str, scheme: Scheme, client: IpAddr) -> bool {
     (route.methods.is_empty() || route.methods.iter().any(|m| m == method))
         && route.scheme.is_none_or(|s| s == scheme)
+        && (route.client_ips.is_empty() || route.client_ips.contains(client))
 }
 
 fn host_matches(pattern: &HostMatch, host: &str) -> bool {
@@ -97,8 +104,9 @@ respond = { status = 200 }
     #[test]
     fn first_match_wins_by_host_path_and_method() {
         let r = routes();
+        let client = "192.0.2.1".parse().expect("test address");
         let match_route =
-            |r: &[Route], h: &str, p: &str, m: &str| match_route(r, h, p, m, Scheme::Http);
+            |r: &[Route], h: &str, p: &str, m: &str| match_route(r, h, p, m, Scheme::Http, client);
         assert_eq!(match_route(&r, "api.example.com", "/v1/x", "GET"), Some(0));
         assert_eq!(match_route(&r, "a.b.example.org", "/v1/x", "GET"), Some(0));
         assert_eq!(match_route(&r, "example.org", "/v1/x", "GET"), None);
@@ -107,6 +115,38 @@ respond = { status = 200 }
         assert_eq!(match_route(&r, "x", "/users/4a", "GET"), None);
         assert_eq!(match_route(&r, "x", "/hello", "GET"), Some(2));
         assert_eq!(match_route(&r, "x", "/hello/", "GET"), None);
+    }
+
+    #[test]
+    fn client_ips_let_only_their_addresses_take_a_route() {
+        let text = r#"
+[server]
+listen = ["127.0.0.1:1"]
+[[routes]]
+name = "office"
+path_prefix = "/admin/"
+client_ips = ["10.0.0.0/8", "2001:db8::/32", "192.0.2.7"]
+respond = { status = 200 }
+[[routes]]
+name = "others"
+path_prefix = "/"
+respond = { status = 200 }
+"#;
+        let routes = config::parse("t.toml", text).expect("valid").routes;
+        let index = RouteIndex::new(&routes);
+        for (client, expected) in [
+            ("10.20.30.40", Some(0)),
+            ("2001:db8::5", Some(0)),
+            ("192.0.2.7", Some(0)),
+            ("192.0.2.8", Some(1)),
+            ("11.0.0.1", Some(1)),
+        ] {
+            let ip: IpAddr = client.parse().expect("test address");
+            let scan = match_route(&routes, "h", "/admin/x", "GET", Scheme::Http, ip);
+            assert_eq!(scan, expected, "{client}");
+            let found = index.find(&routes, "h", "/admin/x", "GET", Scheme::Http, ip);
+            assert_eq!(found, expected, "{client}");
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod dns;
 pub mod echo;
 pub mod http;
 pub mod jwt;
