@@ -22,6 +22,8 @@
 #                      [fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency]
 #   REDIS_COST_ROUNDS [3]  rounds of the "Redis CPU per decision" rows (bench/lua_zipf.py: gcra and
 #                      fixed_window beside the seeds' EVALSHA fixed window on ZIPF_KEYS keys), 0 = none
+#   PREFETCH_ROUNDS [3]  rounds of the prefetch rows (bench/prefetch.sh: one hot key through 2 sluice
+#                      instances on one Redis, memory / Redis / Redis with prefetch, 5 s each), 0 = none
 #   BASELINE           a second sluice binary: every sluice contender N also runs with it,
 #                      as N*, right after N in each round; the report adds an A/B table
 #   OUT [bench/results/latest.md]   where the Markdown report is written
@@ -35,7 +37,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 INVOCATION="$0 $*"
 
 usage() {
-    sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 [ $# -eq 1 ] || usage
@@ -657,12 +659,25 @@ if [ "${REDIS_COST_ROUNDS:-3}" != 0 ]; then
     fi
 fi
 
+# Prefetch (DESIGN section 19): one hot key through 2 sluice instances on one Redis.
+if [ "${PREFETCH_ROUNDS:-3}" != 0 ]; then
+    if ! ROUNDS=${PREFETCH_ROUNDS:-3} DURATION=5s WARMUP=1s CONNECTIONS=256 OUT="$TMP/prefetch.md" KEEP_TMP=0 \
+        "$BENCH_DIR/prefetch.sh" "$SLUICE" >/dev/null 2>"$TMP/prefetch.log"; then
+        note "prefetch rows (bench/prefetch.sh) failed: $(tail -n 3 "$TMP/prefetch.log")"
+        FAILED=1
+    fi
+fi
+
 mkdir -p "$(dirname "$OUT")"
 python3 "$LIB" report "$TMP" >"$TMP/report.md"
 if [ -s "$TMP/redis-cost.md" ]; then
     printf '\n## Redis CPU per decision\n\n`ROUNDS=%s KEYS=%s SEED=%s BATCH=20 ALGORITHMS="gcra fixed_window" bench/lua_zipf.py`\n\n' \
         "${REDIS_COST_ROUNDS:-3}" "$ZIPF_KEYS" "$SEED" >>"$TMP/report.md"
     cat "$TMP/redis-cost.md" >>"$TMP/report.md"
+fi
+if [ -s "$TMP/prefetch.md" ]; then
+    printf '\n## Prefetch: one hot key through 2 sluice instances on one Redis\n\n' >>"$TMP/report.md"
+    tail -n +3 "$TMP/prefetch.md" >>"$TMP/report.md"
 fi
 cp "$TMP/report.md" "$OUT"
 echo
