@@ -7,23 +7,27 @@
 //!    `config`: the TOML file (and the files it names: certificates, JWKS files, consumer
 //!    files, envoyproxy/ratelimit YAML) validated once into plain data with located errors;
 //!    one file per section (`server`, `tls`, `limiter`, `upstreams`, `policies`, `metering`,
-//!    `auth`, `routes`, `rls`) over `read`, the shared reading helpers.
+//!    `auth`, `routes`, `rls`) over `read`, the shared reading helpers; values that several
+//!    sections or one key hold have their own (`nets` address sets, `calendar` periods,
+//!    `reject` bodies, `retries`, `upstream_tls`).
 //! 2. `metrics`: every metric family and its rendering; each owner below primes its own series.
 //! 3. `auth`: who is asking, verified: API keys by digest, JWTs against each issuer's keys
 //!    (`jwks`: URL sources), consumers of the config and the admin API.
 //!    `routing`: which route a request belongs to (a first-match scan, and `RouteIndex`,
 //!    which answers it by hash whatever the number of routes), on the normal form of its
-//!    path (`path`). `tls`: certificates by SNI,
-//!    client certificates, reload. `upstream`: pools (pingora::lb selection, active and
-//!    passive health; `resolve`: names re-resolved on an interval through hickory). `peer_tls`: each upstream's CAs and client certificate as Pingora's
-//!    connector takes them; `retry`: retry budgets of the upstreams with `retries`.
+//!    path (`path`). `tls`: certificates by SNI, client certificates, reload.
+//!    `upstream`: pools (pingora::lb selection, active and passive health; `resolve`:
+//!    names re-resolved on an interval through hickory). `peer_tls`: each upstream's CAs
+//!    and client certificate as Pingora's connector takes them; `retry`: the retry
+//!    budgets of the upstreams with `retries`.
 //! 4. `key`: the client IP and the rate key of a policy for a request.
 //! 5. `limiter`: deciding a route's policies together, and settling metered charges once
 //!    responses are known; `memory` and `redis` backends only store; `overrides` (config)
 //!    and `runtime` (admin API) give a key its numbers; `top` the heaviest keys; `pubsub`
 //!    follows a Redis channel; `prefetch` takes units of hot keys ahead from Redis and
-//!    `held` keeps them (DESIGN §19); `keyed` decides checks the caller names (RLS); `series` its
-//!    metric series; `connections` the open connections per client address.
+//!    `held` keeps them (DESIGN §19); `calendar` the windows of calendar periods; `keyed`
+//!    decides checks the caller names (RLS); `series` its metric series; `connections` the
+//!    open connections per client address.
 //! 6. `response`: what sluice writes itself: rate-limit headers, problem bodies, gRPC
 //!    statuses.
 //! 7. `gateway`: the state built from one config (`Gateway::build`), swapped whole on reload.
