@@ -8,21 +8,7 @@
 mod common;
 
 use common::redis::RedisServer;
-use common::{config, policy, Sluice, TempDir};
-
-/// libfaketime, preloaded directly (the `faketime` wrapper forks).
-fn libfaketime() -> String {
-    let found = std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .map(|d| d.path().join("faketime/libfaketime.so.1"))
-        .find(|p| p.exists());
-    found
-        .expect("libfaketime is missing: apt-get install faketime (or make deps)")
-        .display()
-        .to_string()
-}
+use common::{config, libfaketime, policy, Sluice, TempDir};
 
 /// A sluice whose wall clock is whatever `set` last wrote (UTC), frozen in between.
 struct Faked {

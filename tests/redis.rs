@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::http;
 use common::redis::{RedisSentinel, RedisServer};
-use common::{burst, config, count_status, one_route_per_algorithm, policy, Sluice};
+use common::{burst, config, count_status, libfaketime, one_route_per_algorithm, policy, Sluice};
 
 fn redis_limiter(redis: &RedisServer, extra: &str) -> String {
     format!("backend = \"redis\"\nurl = \"{}\"\n{extra}", redis.url())
@@ -284,21 +284,6 @@ fn a_policy_on_error_overrides_the_limiter_default() {
 }
 
 const SKEW: &str = "+2h";
-
-/// libfaketime, preloaded directly: the `faketime` wrapper forks, so killing it would
-/// leave sluice running.
-fn libfaketime() -> String {
-    let found = std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .map(|d| d.path().join("faketime/libfaketime.so.1"))
-        .find(|p| p.exists());
-    found
-        .expect("libfaketime is missing: apt-get install faketime (or make deps)")
-        .display()
-        .to_string()
-}
 
 #[test]
 fn with_clock_redis_a_skewed_proxy_clock_changes_no_decision() {

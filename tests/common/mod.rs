@@ -503,3 +503,18 @@ pub fn admitted_until_rejected(
     }
     most
 }
+
+/// libfaketime, preloaded directly: the `faketime` wrapper forks, so killing it would
+/// leave sluice running.
+pub fn libfaketime() -> String {
+    let found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|d| d.path().join("faketime/libfaketime.so.1"))
+        .find(|p| p.exists());
+    found
+        .expect("libfaketime is missing: apt-get install faketime (or make deps)")
+        .display()
+        .to_string()
+}
