@@ -51,14 +51,57 @@ impl Taken {
 }
 
 const SHARDS: usize = 16;
-/// Keys followed per shard; past it, keys holding nothing are forgotten.
+/// Hot keys followed per shard; past it, keys holding nothing are forgotten.
 const KEYS_PER_SHARD: usize = 4096;
+/// Cold keys whose rate is followed per shard; past it, all are forgotten (a key then
+/// starts cold again: under-prefetching, never more).
+const RATES_PER_SHARD: usize = 8192;
 
 /// The units this instance holds, per storage key. Survives reloads (the units are
 /// charged in Redis); emptied when the backend changes.
 #[derive(Default)]
 pub struct Holder {
-    shards: [Mutex<HashMap<String, Arc<Entry>>>; SHARDS],
+    shards: [Mutex<Shard>; SHARDS],
+}
+
+#[derive(Default)]
+struct Shard {
+    /// Keys that turned hot: their units and rate.
+    entries: HashMap<String, Arc<Entry>>,
+    /// The rate of keys not (yet) hot, by the key's 64-bit hash: on a long tail almost
+    /// every key is cold, and following one costs no allocation. Two keys sharing a hash
+    /// only look hotter, which changes when units are taken, never how many are admitted.
+    rates: HashMap<u64, Rate, foldhash::fast::FixedState>,
+}
+
+/// Units asked for in the current `hold` interval (from `since`) and in the one before.
+#[derive(Default, Clone, Copy)]
+struct Rate {
+    since: u64,
+    this: u64,
+    last: u64,
+}
+
+impl Rate {
+    /// Counts `cost` units asked for at `now`; returns what the key is expected to ask
+    /// for within `hold`: the last interval's units, or this one's so far if more.
+    fn ask(&mut self, cost: u64, hold: u64, now: u64) -> u64 {
+        if now >= self.since + hold {
+            self.last = if now < self.since + 2 * hold { self.this } else { 0 };
+            self.this = 0;
+            self.since = now;
+        }
+        self.this += cost;
+        self.last.max(self.this)
+    }
+}
+
+/// Whether a key expected to ask for `expected` units within `hold` is worth taking units
+/// ahead for: three requests' worth, and an eighth of `max`. A take is a call of its own,
+/// while the normal path shares its calls with other keys' decisions (a batch): below an
+/// eighth of `max` a take would save fewer calls than it makes.
+fn hot(expected: u64, cost: u64, max: u64) -> bool {
+    expected >= (3 * cost).max(max / 8)
 }
 
 #[derive(Default)]
@@ -90,11 +133,7 @@ struct State {
     remaining: u64,
     reset_at: u64,
     refilling: bool,
-    /// The rate: units asked for in the current `hold` interval (from `since`) and the one
-    /// before.
-    since: u64,
-    this: u64,
-    last: u64,
+    rate: Rate,
     units: Option<Arc<Units>>,
 }
 
@@ -138,29 +177,59 @@ pub(super) enum Step<'e> {
 }
 
 impl Holder {
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Arc<Entry>>> {
-        &self.shards[(KEY_HASHER.hash_one(key) as usize) % SHARDS]
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        &self.shards[(hash as usize) % SHARDS]
     }
 
-    pub(super) fn entry(&self, key: &str) -> Arc<Entry> {
-        let mut shard = self.shard(key).lock();
-        if let Some(e) = shard.get(key) {
-            return e.clone();
+    /// The entry of `key` once it is hot, counting `cost` units asked for at `now`; None
+    /// while it is cold (go the normal path).
+    pub(super) fn hot_entry(
+        &self,
+        key: &str,
+        cost: u64,
+        hold: u64,
+        max: u64,
+        now: u64,
+    ) -> Option<Arc<Entry>> {
+        let hash = KEY_HASHER.hash_one(key);
+        let mut shard = self.shard(hash).lock();
+        if let Some(e) = shard.entries.get(key) {
+            return Some(e.clone());
         }
-        if shard.len() >= KEYS_PER_SHARD {
-            shard.retain(|_, e| {
+        if shard.rates.len() >= RATES_PER_SHARD && !shard.rates.contains_key(&hash) {
+            shard.rates.clear();
+        }
+        let rate = shard.rates.entry(hash).or_default();
+        let expected = rate.ask(cost, hold, now);
+        if !hot(expected, cost, max) {
+            return None;
+        }
+        let rate = *rate;
+        shard.rates.remove(&hash);
+        if shard.entries.len() >= KEYS_PER_SHARD {
+            shard.entries.retain(|_, e| {
                 let s = e.state.lock();
                 s.held > 0 || s.refilling
             });
         }
         let e = Arc::new(Entry::default());
-        shard.insert(key.to_owned(), e.clone());
-        e
+        // This request's units are counted already: `step` counts them again.
+        e.state.lock().rate = Rate {
+            this: rate.this - cost,
+            ..rate
+        };
+        shard.entries.insert(key.to_owned(), e.clone());
+        Some(e)
     }
 
     /// Drops the units held for `key` (a reset, a ban).
     pub fn drop_key(&self, key: &str) {
-        let entry = self.shard(key).lock().get(key).cloned();
+        let entry = self
+            .shard(KEY_HASHER.hash_one(key))
+            .lock()
+            .entries
+            .get(key)
+            .cloned();
         if let Some(e) = entry {
             e.drop_held();
         }
@@ -169,7 +238,7 @@ impl Holder {
     /// Drops every unit held (an override changed, the backend failed or changed).
     pub fn drop_all(&self) {
         for shard in &self.shards {
-            let entries: Vec<Arc<Entry>> = shard.lock().values().cloned().collect();
+            let entries: Vec<Arc<Entry>> = shard.lock().entries.values().cloned().collect();
             for e in entries {
                 e.drop_held();
             }
@@ -194,12 +263,7 @@ impl Entry {
     pub(super) fn step(self: &Arc<Self>, check: &Check, hold: u64, max: u64, now: u64) -> Step<'_> {
         let cost = check.cost;
         let mut s = self.state.lock();
-        if now >= s.since + hold {
-            s.last = if now < s.since + 2 * hold { s.this } else { 0 };
-            s.this = 0;
-            s.since = now;
-        }
-        s.this += cost;
+        let expected = s.rate.ask(cost, hold, now);
         let usable = s.rule == Some(check.rule) && now < s.expires;
         if usable && s.held >= cost {
             s.held -= cost;
@@ -218,8 +282,7 @@ impl Entry {
         if s.refilling {
             return Step::Wait(self.refilled.notified());
         }
-        let expected = s.last.max(s.this);
-        if expected < 3 * cost {
+        if !hot(expected, cost, max) {
             return Step::Cold;
         }
         // The units left of the last take go back with this one: under other numbers (an
@@ -374,6 +437,30 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_cold_key_has_no_entry_until_it_asks_for_an_eighth_of_max() {
+        let h = Holder::default();
+        let entries = |h: &Holder| h.shards.iter().map(|s| s.lock().entries.len()).sum::<usize>();
+        // max 256: hot from 32 units asked for within `hold`.
+        for i in 0..31 {
+            assert!(h.hot_entry("k", 1, 250, 256, 10_000 + i).is_none());
+        }
+        assert!(h.hot_entry("other", 1, 250, 256, 10_000).is_none());
+        assert_eq!(entries(&h), 0);
+        let e = h.hot_entry("k", 1, 250, 256, 10_031).expect("hot");
+        assert_eq!(entries(&h), 1);
+        // Its request is counted once: it asks for the 32 units it expects.
+        assert!(matches!(
+            e.step(&check(), 250, 256, 10_031),
+            Step::Refill { want: 32, .. }
+        ));
+        // A key whose rate fell away long ago starts cold again.
+        for i in 0..31 {
+            assert!(h.hot_entry("late", 1, 250, 256, 10_000 + i).is_none());
+        }
+        assert!(h.hot_entry("late", 1, 250, 256, 20_000).is_none());
     }
 
     #[test]

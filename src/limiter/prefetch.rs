@@ -9,7 +9,8 @@
 //!   a window's units are admitted in that window);
 //! - what it asks for next: its own recent rate for the key, the units asked for in the
 //!   last `hold` (or in this one so far, if more), at most `max`. A key that asked for
-//!   fewer than three requests' units in both is cold and goes the normal path unchanged;
+//!   fewer than three requests' units, or fewer than an eighth of `max`, in both is cold
+//!   and goes the normal path unchanged (its rate is followed without an allocation);
 //! - one refill in flight per key: the request that finds no units takes them for itself
 //!   and those behind it, which wait for it (at most the limiter's timeout) and then take
 //!   from what it brought, or go the normal path.
@@ -157,9 +158,13 @@ impl Limiter {
         hold: Duration,
     ) -> Option<Ticket> {
         let hold = (hold.as_millis() as u64).max(1);
-        let entry = self.shared.prefetch.entry(&check.key);
+        let now = self.clock.now_ms();
+        let entry = self
+            .shared
+            .prefetch
+            .hot_entry(&check.key, check.cost, hold, max, now)?;
         for waited in [false, true] {
-            let now = self.clock.now_ms();
+            let now = if waited { self.clock.now_ms() } else { now };
             match entry.step(check, hold, max, now) {
                 Step::Took(ticket) => return Some(ticket),
                 Step::Cold => return None,
