@@ -87,7 +87,11 @@ impl Rate {
     /// for within `hold`: the last interval's units, or this one's so far if more.
     fn ask(&mut self, cost: u64, hold: u64, now: u64) -> u64 {
         if now >= self.since + hold {
-            self.last = if now < self.since + 2 * hold { self.this } else { 0 };
+            self.last = if now < self.since + 2 * hold {
+                self.this
+            } else {
+                0
+            };
             self.this = 0;
             self.since = now;
         }
@@ -442,7 +446,12 @@ mod tests {
     #[test]
     fn a_cold_key_has_no_entry_until_it_asks_for_an_eighth_of_max() {
         let h = Holder::default();
-        let entries = |h: &Holder| h.shards.iter().map(|s| s.lock().entries.len()).sum::<usize>();
+        let entries = |h: &Holder| {
+            h.shards
+                .iter()
+                .map(|s| s.lock().entries.len())
+                .sum::<usize>()
+        };
         // max 256: hot from 32 units asked for within `hold`.
         for i in 0..31 {
             assert!(h.hot_entry("k", 1, 250, 256, 10_000 + i).is_none());
