@@ -412,6 +412,8 @@ fn every_fixture_is_covered() {
     let mut named: Vec<String> = CASES.iter().map(|(n, _)| n.to_string()).collect();
     // Checked by consumer_file_errors_are_located_in_their_own_file.
     named.push("auth_consumer_files.toml".into());
+    // Checked by ratelimit_file_errors_are_located_in_their_own_file.
+    named.push("rls_prefetch.toml".into());
     named.sort();
     assert_eq!(files, named);
 }
@@ -524,4 +526,33 @@ fn consumer_file_errors_are_located_in_their_own_file() {
             "tests/config/consumers.d/team.toml:8:1: unknown key `plann` in [[consumers]]",
         ]
     );
+}
+
+/// `[rls]`: problems inside a ratelimit YAML file (here its `prefetch`, DESIGN §19) are
+/// located in that file.
+#[test]
+fn ratelimit_file_errors_are_located_in_their_own_file() {
+    let out = Command::new(SLUICE)
+        .args(["check", "--config", "tests/config/rls_prefetch.toml"])
+        .output()
+        .expect("run sluice check");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let got: Vec<&str> = stderr.lines().collect();
+    let file = "tests/config/ratelimit.d/prefetch.yaml";
+    let want: Vec<String> = [
+        "14:7: `prefetch` works with fixed_window, sliding_window, token_bucket and gcra, not sliding_log (a log cannot be taken ahead)",
+        "19:38: unknown key `other` in `prefetch`",
+        "19:24: `max` must be between 1 and 9007199254740992, found 0",
+        "19:33: `hold` must be at least 1ms",
+        "25:17: missing required key `max` in `prefetch`",
+        "25:17: missing required key `hold` in `prefetch`",
+        "32:14: `max` must be an integer",
+        "33:15: `hold`: bad duration \"soon\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\")",
+        "38:17: `prefetch` must be a mapping",
+    ]
+    .iter()
+    .map(|l| format!("{file}:{l}"))
+    .collect();
+    assert_eq!(got, want);
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 
-use super::policies::Algorithm;
+use super::policies::{Algorithm, Prefetch};
 use super::read::{parse_duration, ConfigError};
 
 /// One domain: its descriptor tree.
@@ -48,6 +48,8 @@ pub enum Shape {
         algorithm: Algorithm,
         burst: Option<u64>,
         ban: Duration,
+        /// `prefetch: { max, hold }` (DESIGN §19), as the TOML's.
+        prefetch: Option<Prefetch>,
     },
 }
 
@@ -376,6 +378,7 @@ impl Reader<'_> {
             "algorithm",
             "burst",
             "ban",
+            "prefetch",
         ];
         let entries = self.mapping(node, "a `rate_limit`", KNOWN)?;
         let find = |name: &str| entries.iter().find(|(_, k, _)| *k == name).map(|e| e.2);
@@ -457,12 +460,17 @@ impl Reader<'_> {
                 }
                 None => Duration::ZERO,
             };
+            let prefetch = match entries.iter().find(|(_, k, _)| *k == "prefetch") {
+                Some((key, _, v)) => Some(self.prefetch(key, v, algorithm)?),
+                None => None,
+            };
             Shape::Limited {
                 requests_per_unit,
                 unit,
                 algorithm,
                 burst,
                 ban,
+                prefetch,
             }
         };
         Some(Limit {
@@ -472,6 +480,64 @@ impl Reader<'_> {
             replaces,
             at,
             policy: None,
+        })
+    }
+
+    /// `prefetch: { max: N, hold: D }` beside `algorithm` (at `key`), with the TOML's rules:
+    /// the window and bucket algorithms only, `max` at least 1, `hold` at least 1ms. Every
+    /// problem in it is reported.
+    fn prefetch(
+        &mut self,
+        key: &MarkedYaml,
+        node: &MarkedYaml,
+        algorithm: Algorithm,
+    ) -> Option<Prefetch> {
+        let entries = self.mapping(node, "`prefetch`", &["max", "hold"])?;
+        let find = |name: &str| entries.iter().find(|(_, k, _)| *k == name).map(|e| e.2);
+        let max = match find("max") {
+            Some(v) => self.integer(v, "max", 1),
+            None => {
+                self.at(node, "missing required key `max` in `prefetch`");
+                None
+            }
+        };
+        let hold = match find("hold") {
+            Some(v) => match self.text(v, "hold") {
+                Some(text) => match parse_duration(&text) {
+                    Some(d) if d.is_zero() => {
+                        self.at(v, "`hold` must be at least 1ms");
+                        None
+                    }
+                    Some(d) => Some(d),
+                    None => {
+                        self.at(v, format!("`hold`: bad duration \"{text}\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\")"));
+                        None
+                    }
+                },
+                None => None,
+            },
+            None => {
+                self.at(node, "missing required key `hold` in `prefetch`");
+                None
+            }
+        };
+        // `algorithm` takes no concurrency or leaky_bucket here: a log is all that is left.
+        if !matches!(
+            algorithm,
+            Algorithm::FixedWindow
+                | Algorithm::SlidingWindow
+                | Algorithm::TokenBucket
+                | Algorithm::Gcra
+        ) {
+            self.at(
+                key,
+                format!("`prefetch` works with fixed_window, sliding_window, token_bucket and gcra, not {} (a log cannot be taken ahead)", algorithm.name()),
+            );
+            return None;
+        }
+        Some(Prefetch {
+            max: max?,
+            hold: hold?,
         })
     }
 }
@@ -522,6 +588,64 @@ mod tests {
         assert_eq!(
             errors("domain: d\n  descriptors: [\n"),
             ["r.yaml:2:14: bad YAML: mapping values are not allowed in this context"]
+        );
+    }
+
+    #[test]
+    fn prefetch_is_read_in_the_yamls_style() {
+        let d = parse(
+            "r.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 50000\n      algorithm: gcra\n      prefetch: { max: 256, hold: 250ms }\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+        )
+        .expect("valid");
+        let prefetch = |i: usize| match &d.descriptors[i].limit.as_ref().expect("rule").shape {
+            Shape::Limited { prefetch, .. } => *prefetch,
+            Shape::Unlimited => panic!("limited"),
+        };
+        assert_eq!(
+            prefetch(0),
+            Some(Prefetch {
+                max: 256,
+                hold: Duration::from_millis(250)
+            })
+        );
+        assert_eq!(prefetch(1), None);
+    }
+
+    #[test]
+    fn prefetch_errors_are_located() {
+        let rule = |algorithm: &str, prefetch: &str| {
+            errors(&format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      algorithm: {algorithm}\n      prefetch: {prefetch}\n"))
+        };
+        assert_eq!(
+            rule("sliding_log", "{ max: 16, hold: 1s }"),
+            ["r.yaml:8:7: `prefetch` works with fixed_window, sliding_window, token_bucket and gcra, not sliding_log (a log cannot be taken ahead)"]
+        );
+        assert_eq!(
+            rule("fixed_window", "{ max: 0, hold: 0ms, other: 1 }"),
+            [
+                "r.yaml:8:38: unknown key `other` in `prefetch`",
+                "r.yaml:8:24: `max` must be between 1 and 9007199254740992, found 0",
+                "r.yaml:8:33: `hold` must be at least 1ms",
+            ]
+        );
+        assert_eq!(
+            rule("gcra", "{ }"),
+            [
+                "r.yaml:8:17: missing required key `max` in `prefetch`",
+                "r.yaml:8:17: missing required key `hold` in `prefetch`",
+            ]
+        );
+        assert_eq!(
+            rule("token_bucket", "{ max: many, hold: soon }"),
+            [
+                "r.yaml:8:24: `max` must be an integer",
+                "r.yaml:8:36: `hold`: bad duration \"soon\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\")",
+            ]
+        );
+        assert_eq!(
+            rule("sliding_window", "256"),
+            ["r.yaml:8:17: `prefetch` must be a mapping"]
         );
     }
 }

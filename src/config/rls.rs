@@ -129,6 +129,7 @@ fn policy(limit: &rules::Limit, keys: Vec<String>) -> Option<Policy> {
         algorithm,
         burst,
         ban,
+        prefetch,
     } = limit.shape
     else {
         return None;
@@ -157,6 +158,7 @@ fn policy(limit: &rules::Limit, keys: Vec<String>) -> Option<Policy> {
         overrides: Vec::new(),
         ban,
         metering: None,
+        prefetch,
         // Fields not named here (none today; those a merge adds) take the plain defaults of
         // the built-in `max_failures` policy: a rule is a plain counted policy like it.
         ..failures_policy(MaxFailures {

@@ -115,6 +115,7 @@ descriptors:
                 algorithm: Algorithm::Gcra,
                 burst: Some(5),
                 ban: Duration::from_secs(60),
+                prefetch: None,
             }
         );
         assert_eq!(rules(&d).len(), 5);
