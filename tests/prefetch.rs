@@ -1,18 +1,22 @@
 //! Prefetch (DESIGN §19) end to end: several real sluice processes on one hot key, on a
-//! real Redis (standalone and a 3-master Cluster). Units taken ahead are charged before
-//! they are admitted, so a window never admits more than its limit, and exactly the limit
-//! once every instance has used what it holds; bucket algorithms stay within
+//! real Redis (standalone, a 3-master Cluster, and a master found through Sentinel), over
+//! HTTP and over Envoy's rate limit service (DESIGN §13). Units taken ahead are charged
+//! before they are admitted, so a window never admits more than its limit, and exactly the
+//! limit once every instance has used what it holds; bucket algorithms stay within
 //! `burst + rate × (T + hold)`; resets reach held units everywhere.
 
 mod common;
+#[path = "common/rls.rs"]
+mod rls;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::http;
-use common::redis::{RedisCluster, RedisServer};
+use common::redis::{RedisCluster, RedisSentinel, RedisServer};
 use common::{Sluice, TempDir};
+use sluice::rls::proto::Code;
 
 const TOKEN: &str = "prefetch-test-token";
 
@@ -200,6 +204,35 @@ fn three_instances_on_one_hot_key_admit_exactly_a_windows_limit() {
 fn three_instances_on_one_hot_key_admit_exactly_a_windows_limit_on_a_cluster() {
     let c = RedisCluster::start();
     a_hot_window_admits_exactly_its_limit(&cluster(&c), "fixed_window", 2000);
+}
+
+/// The same fleet on a master found through Sentinel (a master, its replica, two
+/// sentinels; the first node sluice is given is one where nothing listens): the decisions
+/// and the units taken ahead reach the master the sentinels name.
+#[test]
+fn three_instances_on_one_hot_key_admit_exactly_a_windows_limit_through_sentinel() {
+    let name = "sluice-prefetch";
+    let master = RedisServer::start();
+    let _replica = RedisServer::start_replica_of(&master);
+    let sentinels = [
+        RedisSentinel::start(&master, name),
+        RedisSentinel::start(&master, name),
+    ];
+    let limiter = format!(
+        "backend = \"redis\"\nsentinel = {{ master = \"{name}\", nodes = [\"redis://127.0.0.1:{}\", \"{}\", \"{}\"] }}\ntimeout = \"2s\"\non_error = \"deny\"",
+        common::free_port(),
+        sentinels[0].url(),
+        sentinels[1].url()
+    );
+    let before = scripts_run(&master);
+    let limit = 2000;
+    let _fleet = a_hot_window_admits_exactly_its_limit(&limiter, "fixed_window", limit);
+    // The master ran the scripts, and few of them: most admissions were held units.
+    let calls = scripts_run(&master) - before;
+    assert!(
+        calls > 0 && calls < limit as u64 / 4,
+        "{calls} script calls on the master for {limit} admissions"
+    );
 }
 
 /// token_bucket and gcra: over any interval of length T, admissions stay within
@@ -597,4 +630,84 @@ fn held_units_are_used_only_when_every_other_policy_allows() {
         assert_eq!(hit(&s, "acme"), 429);
     }
     assert_eq!((held(&s), units(&s, "used")), (before, used));
+}
+
+/// One hot descriptor's rule on the RLS path: `prefetch` in the ratelimit YAML.
+fn rls_rules(limit: usize) -> String {
+    format!(
+        "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      name: hot\n      unit: day\n      requests_per_unit: {limit}\n      prefetch: {{ max: 64, hold: 30s }}\n"
+    )
+}
+
+/// One ShouldRateLimit call for tenant `acme`: admitted (OK) or not (OVER_LIMIT).
+fn should_rate_limit(addr: std::net::SocketAddr) -> bool {
+    let answer = rls::call(addr, &rls::one("edge", "tenant", "acme", None)).expect("a gRPC answer");
+    answer.overall_code == Code::Ok
+}
+
+/// Envoy's rate limit service (DESIGN §13) with `prefetch` on its rule: 2 instances on one
+/// Redis, 8 concurrent gRPC clients each on one descriptor of a fixed_window rule. Never
+/// more than the limit admitted, exactly the limit once what is held is used, and units
+/// were taken ahead (most calls cost no script call).
+#[test]
+fn rls_calls_on_one_hot_descriptor_admit_exactly_a_windows_limit() {
+    let redis = RedisServer::start();
+    let limit = 2000;
+    let rules = rls_rules(limit);
+    let fleet: Vec<rls::RlsSluice> = (0..2)
+        .map(|_| rls::start(&standalone(&redis), "", &rules))
+        .collect();
+    let before = scripts_run(&redis);
+    let admitted = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for s in &fleet {
+            for _ in 0..8 {
+                let (admitted, addr) = (&admitted, s.rls);
+                scope.spawn(move || {
+                    let mut refused = 0;
+                    while refused < 3 {
+                        if should_rate_limit(addr) {
+                            refused = 0;
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            refused += 1;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    let concurrent = admitted.into_inner();
+    assert!(concurrent <= limit, "{concurrent} admitted, limit {limit}");
+    // What is still held anywhere, used one call at a time.
+    let mut swept = 0;
+    for s in &fleet {
+        let mut refused = 0;
+        while refused < 3 {
+            if should_rate_limit(s.rls) {
+                swept += 1;
+                refused = 0;
+            } else {
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(concurrent + swept, limit, "{concurrent} + {swept} swept");
+    let units = |s: &rls::RlsSluice, kind: &str| {
+        s.sluice.metric(&format!(
+            "sluice_prefetch_units_total{{kind=\"{kind}\",policy=\"hot\",route=\"rls:edge\"}}"
+        ))
+    };
+    let taken: f64 = fleet.iter().map(|s| units(s, "taken")).sum();
+    let used: f64 = fleet.iter().map(|s| units(s, "used")).sum();
+    assert!(taken > 0.0, "no units taken ahead on the RLS path");
+    assert!(
+        used <= limit as f64 && used * 2.0 > limit as f64,
+        "{used} used"
+    );
+    let calls = scripts_run(&redis) - before;
+    assert!(
+        calls < limit as u64 / 4,
+        "{calls} script calls for {limit} admissions"
+    );
 }
