@@ -5,7 +5,9 @@
 # Usage: bench/callgrind.sh SLUICE [BASELINE_SLUICE]
 #
 # For each case (sluice without a policy; sluice with one memory gcra policy per client IP;
-# nginx proxying the same request as the reference), the proxy runs under
+# with PREFETCH=1 also that policy on Redis with `prefetch`, one hot key, so requests are
+# admitted from held units (DESIGN section 19); nginx proxying the same request as the
+# reference), the proxy runs under
 # `valgrind --tool=callgrind` twice: once serving N requests, once 2N, all GET / over
 # CONNECTIONS keep-alive connections (one by default) to an nginx upstream that answers
 # `return 200 "ok\n"`. The figure
@@ -18,6 +20,9 @@
 #   REQUESTS [2000]   N
 #   CONNECTIONS [1]   keep-alive connections, all in flight at once: each round sends one
 #                     request on every connection, then reads every response (N a multiple)
+#   PREFETCH [0]      1 = add the row "gcra, Redis with prefetch" (`max = 1024, hold = "10s"`:
+#                     valgrind is slow, and a key is hot from an eighth of max within hold; a
+#                     private redis-server); its cold start and takes cancel out in 2N - N
 #   OUT [bench/results/callgrind.md]   where the Markdown report is written
 #   KEEP_TMP [0]      1 = keep the temp dir (configs, logs, callgrind outputs)
 #   TOOL [callgrind]  cachegrind = also simulate the caches (`--cache-sim=yes`, D1 32 KiB,
@@ -84,17 +89,22 @@ asyncio.run(main())
 PY
 }
 
-# sluice_config FILE PORT ADMIN_PORT POLICY(none|gcra)
+# sluice_config FILE PORT ADMIN_PORT POLICY(none|gcra|prefetch)
 sluice_config() {
     {
         printf '[server]\nlisten = ["127.0.0.1:%s"]\nthreads = 1\naccess_log = "off"\n' "$2"
         printf 'grace_period = "1s"\n\n[admin]\nlisten = "127.0.0.1:%s"\n\n' "$3"
         printf '[upstreams.origin]\nservers = ["127.0.0.1:%s"]\n\n' "$UP_PORT"
-        if [ "$4" = gcra ]; then
-            printf '[policies.per_ip]\nalgorithm = "gcra"\nlimit = 100000000\nperiod = "1s"\nkey = ["client_ip"]\n\n'
+        if [ "$4" = prefetch ]; then
+            printf '[limiter]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s/0"\ntimeout = "500ms"\n\n' "$REDIS_PORT"
+        fi
+        if [ "$4" != none ]; then
+            printf '[policies.per_ip]\nalgorithm = "gcra"\nlimit = 100000000\nperiod = "1s"\nkey = ["client_ip"]\n'
+            [ "$4" = prefetch ] && printf 'prefetch = { max = 1024, hold = "10s" }\n'
+            printf '\n'
         fi
         printf '[[routes]]\nname = "bench"\npath_prefix = "/"\nupstream = "origin"\n'
-        [ "$4" = gcra ] && printf 'policies = ["per_ip"]\n'
+        [ "$4" != none ] && printf 'policies = ["per_ip"]\n'
         true
     } >"$1"
 }
@@ -142,7 +152,13 @@ row() {
     log "$1 $2: $3 per request"
 }
 
-for policy in none gcra; do
+CASES=(none gcra)
+if [ "${PREFETCH:-0}" = 1 ]; then
+    ensure_tools redis-server redis-cli
+    start_redis
+    CASES+=(prefetch)
+fi
+for policy in "${CASES[@]}"; do
     for bin in "$NEW" ${BASE:+"$BASE"}; do
         label="this build"
         [ "$bin" = "$BASE" ] && label="baseline"
@@ -151,7 +167,12 @@ for policy in none gcra; do
         sluice_config "$TMP/conf/$policy.toml" "$PORT" "$admin" "$policy"
         sluice_check "$TMP/conf/$policy.toml"
         ir=$(per_request "sluice-$policy" "$bin" run --config "$TMP/conf/$policy.toml")
-        row "sluice, $([ "$policy" = none ] && echo "no policy" || echo "gcra, memory")" "$label" "$ir"
+        case $policy in
+            none) what="no policy" ;;
+            gcra) what="gcra, memory" ;;
+            prefetch) what="gcra, Redis with prefetch" ;;
+        esac
+        row "sluice, $what" "$label" "$ir"
         eval "IR_${policy}_$([ "$label" = baseline ] && echo base || echo new)=${ir%%|*}"
     done
 done
@@ -171,7 +192,7 @@ row "nginx proxy, keepalive" "reference" "$ir"
     echo "# Instructions per proxied request ($TOOL)"
     echo
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); $(valgrind --version); $(nginx -v 2>&1)"
-    echo "- command: \`REQUESTS=$N CONNECTIONS=$C$([ "$TOOL" = cachegrind ] && echo " TOOL=cachegrind LL=${LL:-2097152,16,64}") bench/callgrind.sh $*\`"
+    echo "- command: \`REQUESTS=$N CONNECTIONS=$C$([ "${PREFETCH:-0}" = 1 ] && echo " PREFETCH=1")$([ "$TOOL" = cachegrind ] && echo " TOOL=cachegrind LL=${LL:-2097152,16,64}") bench/callgrind.sh $*\`"
     echo "- each figure: (instructions at $((2 * N)) requests - at $N) / $N, $C keep-alive connection(s) with one request in flight on each, GET / to an nginx \`return 200\` upstream; sluice threads = 1, nginx one worker without master"
     echo
     if [ "$TOOL" = cachegrind ]; then
