@@ -29,11 +29,12 @@
 -- Why one function per algorithm, and no helper functions: Redis runs the script's top
 -- level on every call, so every `function` in it makes a new closure every call, and with
 -- a closure per operation and per helper that cost more server CPU than a decision's
--- arithmetic. For the same reason the functions use no upvalues (they read globals) but
--- the state helpers at the end of this file (three closures a call, which a batch repays
--- with every GET and SET it saves), build no tables, and take state apart with
--- string.find/sub, not gmatch. Every VM instruction
--- and library call shows in the server's CPU: bench/lua_cost.sh measures it.
+-- arithmetic. For the same reason the functions' only upvalues are the state tables at
+-- the end of this file (an algorithm reads and writes them itself, as read() and write()
+-- there do: a Lua call costs about as much as what those do), they build no tables, and
+-- take state apart with string.find/sub, not gmatch. Every VM instruction and library
+-- call shows in the server's CPU: bench/lua_cost.sh and callgrind measure it
+-- (bench/results/redis-cost.md).
 --
 -- Numbers: every value is an integer number of ms or units, held exactly in a Lua 5.1
 -- double while it stays below 2^53 (validated config keeps limit × period and burst ×
@@ -56,52 +57,78 @@
 -- turn a Lua number argument such as 100000000 into "1e+08" (redis#13113).
 --
 -- String state (fixed_window, sliding_window, token_bucket, gcra, leaky_bucket and ban
--- keys) goes through read(key) and write(key, ttl, format, ...): one call (a batch decides
--- many requests, often of one key) reads a key from Redis once and writes it once, its last
--- value, when the call ends (flush, in decide.lua). A SET ... PX (or a DEL) replaces a
--- string key whole, so the last one is all a sequence of them leaves: the outcome is the
--- one writing every time would give, at one GET and one SET per key and call.
+-- keys) goes through read(key) and write(key, ttl, a, b, c): one call (a batch decides
+-- many requests, often of one key) reads a key from Redis once (a batch of many callers'
+-- keys reads them all in one MGET, see decide.lua) and writes it once, its last value,
+-- when the call ends (flush). A SET (or a DEL) replaces a string key whole, so the last
+-- one is all a sequence of them leaves: the outcome is the one writing every time would
+-- give, at one read and one SET per key and call.
 --
 -- Stored state keeps the text layout of earlier versions ("a:b" strings, the sorted sets),
 -- so instances of both versions can share one Redis during a rolling upgrade.
 
--- The call's string state, by key: `fetched`, the text GET gave (false: absent); once the
--- call has written the key, `expiry` its TTL in ms (false: deleted) and `layout`, `n1`,
--- `n2`, `n3` its text's format and numbers, formatted only when the call ends.
-local fetched, expiry, layout, n1, n2, n3 = {}, {}, {}, {}, {}, {}
+-- The call's string state, by key. `state[key]` is the text Redis holds (false: absent)
+-- while this call has not written the key; once it has, the key's TTL in ms, true (keep
+-- the TTL the key has: it holds the same window, see fixed_window) or 0 (deleted), and
+-- `n1`, `n2`, `n3` the numbers of its text, formatted only when the call ends: "n1" (a
+-- ban), "n1:n2" or "n1:n2:n3". Four tables, not one a field: every new key in a table
+-- costs an insert (and now and then a rehash) per key and call.
+local state, n1, n2, n3 = {}, {}, {}, {}
 
 -- The key's state: its text as Redis holds it (false: absent) while this call has not
--- written it; after that nil, then the numbers written (none: deleted). So a batch parses
--- and formats a key's text once, not once a request.
+-- written it; after that nil, then the numbers written (none: deleted) and the TTL the
+-- write set (its `state`). So a batch parses and formats a key's text once, not once a
+-- request.
 local function read(key)
-  local ttl = expiry[key]
-  if ttl then return nil, n1[key], n2[key], n3[key] end
-  if ttl == false then return nil end
-  local text = fetched[key]
-  if text == nil then
-    text = redis.call('GET', key)
-    fetched[key] = text
+  local v = state[key]
+  if v == nil then
+    v = redis.call('GET', key)
+    state[key] = v
+    return v
   end
-  return text
+  local a = n1[key]
+  if a ~= nil then return nil, a, n2[key], n3[key], v end
+  if v == 0 then return nil end
+  return v
 end
 
--- Sets `key` to string.format(format, a, b, c) for `ttl` ms, or deletes it when ttl <= 0,
--- when the call ends.
-local function write(key, ttl, format, a, b, c)
-  if ttl > 0 then
-    expiry[key], layout[key], n1[key], n2[key], n3[key] = ttl, format, a, b, c
+-- Sets `key` to the text of a, b, c for `ttl` ms (true: keeping its TTL), or deletes it
+-- when ttl <= 0, when the call ends. A key always has the same layout (its algorithm's).
+local function write(key, ttl, a, b, c)
+  if ttl == true or ttl > 0 then
+    state[key], n1[key] = ttl, a
+    -- (Setting an absent entry to nil would still insert it.)
+    if b ~= nil then n2[key] = b end
+    if c ~= nil then n3[key] = c end
   else
-    expiry[key] = false
+    state[key], n1[key] = 0, nil
   end
 end
 
+-- PSETEX rather than SET ... PX: one argument less to convert, the same command inside.
+-- KEEPTTL (Redis 6.0) spares the TTL's formatting and conversion and the rewrite of the
+-- command for propagation.
 local function flush()
-  for key, ttl in pairs(expiry) do
-    if ttl then
-      redis.call('SET', key, string.format(layout[key], n1[key], n2[key], n3[key]), 'PX',
-        string.format('%d', ttl))
-    else
-      redis.call('DEL', key)
+  local format, call = string.format, redis.call
+  for key, v in pairs(state) do
+    local a = n1[key]
+    if a ~= nil then
+      local b, c = n2[key], n3[key]
+      local text
+      if c ~= nil then
+        text = format('%d:%d:%d', a, b, c)
+      elseif b ~= nil then
+        text = format('%d:%d', a, b)
+      else
+        text = format('%d', a)
+      end
+      if v == true then
+        call('SET', key, text, 'KEEPTTL')
+      else
+        call('PSETEX', key, format('%d', v), text)
+      end
+    elseif v == 0 then
+      call('DEL', key)
     end
   end
 end

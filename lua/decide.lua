@@ -58,7 +58,8 @@
 -- follows the script's clock (TIME or the caller's) as state does.
 --
 -- Reading TIME before writing needs script effects replication, the default since Redis
--- 5 (the oldest sluice supports), so the script does not call redis.replicate_commands().
+-- 5, so the script does not call redis.replicate_commands(). SET ... KEEPTTL (common.lua)
+-- needs Redis 6.0, the oldest sluice supports.
 --
 -- Why so few arguments: Redis builds the ARGV table on every call, and a ninth element
 -- makes it grow once more; so one check takes eight.
@@ -167,10 +168,22 @@ end
 -- before it.
 local batch = mode == 'batch'
 local last, at, f, k, r = #argv, 2, 2, 0, 1
+local keys = KEYS
 local reply, runs, costs, states = {now}, {}, {}, {}
 -- What a request's mode and fields say (below), kept for the "=" requests that follow it.
-local flags, peek, decides, bans, checks
+local flags, peek, decides, bans, checks, run, cost, op
 if each then reply[1] = 0 end
+if batch and #keys > 1 and keys[1] ~= keys[2] and #keys <= 4000 and
+    NAME ~= 'sliding_log' and NAME ~= 'concurrency' then
+  -- The keys of many callers (the first two differ): all in one MGET rather than one GET
+  -- a key (each a command of its own in Redis), into the state the algorithms read. A key
+  -- that is not a string (sliding_log, concurrency) reads as absent and is never read. A
+  -- hot key's batch (the first two keys the same) reads its key once, with GET, as it
+  -- goes: in MGET each repeat of a key would cost a third of a GET. (unpack() is bounded
+  -- by Lua's C stack.)
+  local texts = redis.call('MGET', unpack(keys))
+  for i = 1, #keys do state[keys[i]] = texts[i] end
+end
 repeat
   -- A batch request whose mode is "=" has the mode, fields and bans of the one before it
   -- (most requests of a batch are one route's): only its keys and its now are its own.
@@ -192,14 +205,29 @@ repeat
     -- then parses no text.
     if not same then
       argv[f + 2], argv[f + 3], argv[f + 4] = argv[f + 2] + 0, argv[f + 3] + 0, argv[f + 4] + 0
+      run, cost, op = one_check(f, 'decide')
+      if not run then return redis.error_reply('sluice: unknown algorithm ' .. argv[f + 1]) end
+      at = at + FIELDS
     end
-    local run, cost, op = one_check(f, 'decide')
-    if not run then return redis.error_reply('sluice: unknown algorithm ' .. argv[f + 1]) end
-    local allowed
-    allowed, reply[r + 2], reply[r + 3], reply[r + 4] = run(KEYS[k + 1], f, now, op, cost)
-    reply[r + 1] = allowed and 1 or 0
-    if not same then at = at + FIELDS end
-    k, r = k + 1, r + 4
+    -- This request, then the "=" requests right after it (the same check on their own
+    -- keys and, with "each", at their own now), in a loop of their own: every VM
+    -- instruction a request saves shows in Redis's CPU.
+    repeat
+      k = k + 1
+      local allowed, remaining, reset, delay = run(keys[k], f, now, op, cost)
+      -- In order, so that the reply grows as an array.
+      reply[r + 1] = allowed and 1 or 0
+      reply[r + 2] = remaining
+      reply[r + 3] = reset
+      reply[r + 4] = delay
+      r = r + 4
+      if at >= last or argv[at + 1] ~= '=' then break end
+      at = at + 1
+      if each then
+        at = at + 1
+        now = argv[at] + 0
+      end
+    until false
   else
     if not same then
       -- The mode's flags start at byte `flags`: "1" (byte 49) enforced; "2" (byte 50)
@@ -267,7 +295,7 @@ repeat
           local q = r + 4 * i - 3
           if reply[q] == 0 then
             local ban = argv[f + FIELDS * checks + b] + 0
-            write(KEYS[k + checks + b], ban, '%d', now + ban)
+            write(KEYS[k + checks + b], ban, now + ban)
             reply[q + 2], reply[q + 3] = ban, ban
           end
         end

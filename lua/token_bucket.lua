@@ -15,8 +15,20 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
   local limit, p = argv[at + 2] + 0, argv[at + 3] + 0
   local capacity = argv[at + 4] * p
   if op ~= 'store' then
+    -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
     local text
-    text, scaled, last = read(key)
+    text, scaled, last = state[key]
+    if text == nil then
+      text = redis.call('GET', key)
+      state[key] = text
+    else
+      scaled = n1[key]
+      if scaled ~= nil then
+        text, last = nil, n2[key]
+      elseif text == 0 then
+        text = nil
+      end
+    end
     if text then
       local colon = string.find(text, ':', 1, true)
       scaled, last = string.sub(text, 1, colon - 1) + 0, string.sub(text, colon + 1) + 0
@@ -65,6 +77,11 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
   local ttl = capacity - scaled
   if ttl < 0 then ttl = 0 end
   ttl = last + (ttl + (-ttl) % limit) / limit - now
-  write(key, ttl, '%d:%d', scaled, last)
+  -- write(key, ttl, scaled, last), inlined
+  if ttl > 0 then
+    state[key], n1[key], n2[key] = ttl, scaled, last
+  else
+    state[key], n1[key] = 0, nil
+  end
   return allowed, remaining, reset, delay
 end
