@@ -447,6 +447,23 @@ impl Reader<'_> {
                 Some(v) => Some(self.integer(v, "burst", 1)?),
                 None => None,
             };
+            // The rate algorithms' arithmetic in Redis's Lua (doubles) is exact while a count
+            // times the period in ms stays below 2^53, as the TOML's policies require; the
+            // windows and the log only count, so they take any limit up to 2^53.
+            let rates = matches!(
+                algorithm,
+                Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::Gcra
+            );
+            let unit_ms = unit.as_millis();
+            for (name, n) in [
+                ("requests_per_unit", Some(requests_per_unit)),
+                ("burst", burst),
+            ] {
+                if rates && n.is_some_and(|n| u128::from(n) * unit_ms >= 1 << 53) {
+                    let at = find(name).unwrap_or(node);
+                    self.at(at, format!("`{name}` times `unit` in ms must stay below 2^53 (9007199254740992) with {}, the exact range of Redis's numbers: use a shorter unit", algorithm.name()));
+                }
+            }
             let ban = match find("ban") {
                 Some(v) => {
                     let text = self.text(v, "ban")?;
@@ -588,6 +605,33 @@ mod tests {
         assert_eq!(
             errors("domain: d\n  descriptors: [\n"),
             ["r.yaml:2:14: bad YAML: mapping values are not allowed in this context"]
+        );
+    }
+
+    #[test]
+    fn counts_times_the_unit_stay_exact_in_redis() {
+        let rule = |rpu: &str, extra: &str| {
+            errors(&format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: year\n      requests_per_unit: {rpu}\n{extra}"))
+        };
+        // A year is 31,536,000,000 ms: 285,616 a year is the most that stays below 2^53;
+        // a fixed window (the default) only counts, up to 2^53.
+        for rule in [
+            "{unit: year, requests_per_unit: 285616, algorithm: gcra}",
+            "{unit: year, requests_per_unit: 9007199254740992}",
+        ] {
+            parse(
+                "r.yaml",
+                &format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rule}\n"),
+            )
+            .expect("exact");
+        }
+        assert_eq!(
+            rule("285617", "      algorithm: token_bucket\n"),
+            ["r.yaml:6:26: `requests_per_unit` times `unit` in ms must stay below 2^53 (9007199254740992) with token_bucket, the exact range of Redis's numbers: use a shorter unit"]
+        );
+        assert_eq!(
+            rule("10", "      algorithm: gcra\n      burst: 1000000\n"),
+            ["r.yaml:8:14: `burst` times `unit` in ms must stay below 2^53 (9007199254740992) with gcra, the exact range of Redis's numbers: use a shorter unit"]
         );
     }
 
