@@ -68,8 +68,8 @@
 -- so instances of both versions can share one Redis during a rolling upgrade.
 
 -- The call's string state, by key. `state[key]` is the text Redis holds (false: absent)
--- while this call has not written the key; once it has, the key's TTL in ms, true (keep
--- the TTL the key has: it holds the same window, see fixed_window) or 0 (deleted), and
+-- while this call has not written the key; once it has, the key's TTL in ms or 0
+-- (deleted), and
 -- `n1`, `n2`, `n3` the numbers of its text, formatted only when the call ends: "n1" (a
 -- ban), "n1:n2" or "n1:n2:n3". Four tables, not one a field: every new key in a table
 -- costs an insert (and now and then a rehash) per key and call.
@@ -92,10 +92,10 @@ local function read(key)
   return v
 end
 
--- Sets `key` to the text of a, b, c for `ttl` ms (true: keeping its TTL), or deletes it
--- when ttl <= 0, when the call ends. A key always has the same layout (its algorithm's).
+-- Sets `key` to the text of a, b, c for `ttl` ms, or deletes it when ttl <= 0, when the
+-- call ends. A key always has the same layout (its algorithm's).
 local function write(key, ttl, a, b, c)
-  if ttl == true or ttl > 0 then
+  if ttl > 0 then
     state[key], n1[key] = ttl, a
     -- (Setting an absent entry to nil would still insert it.)
     if b ~= nil then n2[key] = b end
@@ -106,8 +106,9 @@ local function write(key, ttl, a, b, c)
 end
 
 -- PSETEX rather than SET ... PX: one argument less to convert, the same command inside.
--- KEEPTTL (Redis 6.0) spares the TTL's formatting and conversion and the rewrite of the
--- command for propagation.
+-- (Not SET ... KEEPTTL inside a window the key holds, a third cheaper: when a reload or a
+-- live override lengthens a fixed window's period, the key would keep the old window's
+-- end, expire early and count from 0 again: over the limit.)
 local function flush()
   local format, call = string.format, redis.call
   for key, v in pairs(state) do
@@ -122,11 +123,7 @@ local function flush()
       else
         text = format('%d', a)
       end
-      if v == true then
-        call('SET', key, text, 'KEEPTTL')
-      else
-        call('PSETEX', key, format('%d', v), text)
-      end
+      call('PSETEX', key, format('%d', v), text)
     elseif v == 0 then
       call('DEL', key)
     end

@@ -58,8 +58,7 @@
 -- follows the script's clock (TIME or the caller's) as state does.
 --
 -- Reading TIME before writing needs script effects replication, the default since Redis
--- 5, so the script does not call redis.replicate_commands(). SET ... KEEPTTL (common.lua)
--- needs Redis 6.0, the oldest sluice supports.
+-- 5 (the oldest sluice supports), so the script does not call redis.replicate_commands().
 --
 -- Why so few arguments: Redis builds the ARGV table on every call, and a ninth element
 -- makes it grow once more; so one check takes eight.

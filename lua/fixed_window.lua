@@ -6,15 +6,13 @@
 --         window the proxy computed: minus its length in the place of the period, its
 --         start in that of burst and the proxy's time in that of max_delay; the check is
 --         then decided at that time (the window's), whatever `now` says.
--- Calls:  as common.lua describes; the state for 'store' is (start, count, keep); 'refund'
+-- Calls:  as common.lua describes; the state for 'store' is (start, count); 'refund'
 --         takes back cost from the count of the window of the charge, if still current.
--- A write to the window the key already holds in Redis keeps its TTL (SET ... KEEPTTL):
--- the window's end has not moved, and a SET without PX costs Redis a third less. (Only a
--- period changed by a reload moves it: a key that holds a window of the old period, whose
--- start the new period shares, keeps the old window's end, and a longer period's count
--- starts again from 0 there, once.)
-local function fixed_window(key, at, now, op, cost, x, y, z)
-  local start, count, keep = x, y, z
+-- Every write sets the TTL again, even inside the window the key holds: keeping it (SET ...
+-- KEEPTTL, a third cheaper) would keep the end of a window of another period when a reload
+-- or a live override lengthens it, and the key would expire early and count again from 0.
+local function fixed_window(key, at, now, op, cost, x, y)
+  local start, count = x, y
   local argv = ARGV
   local allowed, remaining, reset, delay, first
   local p = argv[at + 3] + 0
@@ -22,17 +20,15 @@ local function fixed_window(key, at, now, op, cost, x, y, z)
     p, first, now = -p, argv[at + 4] + 0, argv[at + 5] + 0
   end
   if op ~= 'store' then
-    -- held: true when Redis holds the window `stored` (the text came from it, or this
-    -- call's write of it keeps its TTL).
     -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
-    local text, stored, stored_count, held = state[key]
+    local text, stored, stored_count = state[key]
     if text == nil then
       text = redis.call('GET', key)
       state[key] = text
     else
       stored = n1[key]
       if stored ~= nil then
-        text, stored_count, held = nil, n2[key], text
+        text, stored_count = nil, n2[key]
       elseif text == 0 then
         text = nil
       end
@@ -40,18 +36,16 @@ local function fixed_window(key, at, now, op, cost, x, y, z)
     if text then
       local colon = string.find(text, ':', 1, true)
       stored, stored_count = string.sub(text, 1, colon - 1) + 0, string.sub(text, colon + 1) + 0
-      held = true
     end
     if op == 'refund' then
       start = first or x - x % p
       if stored ~= start then return end
-      keep = held == true
       count = stored_count - cost
       if count < 0 then count = 0 end
     else
       local limit = argv[at + 2] + 0
       start, count = first or now - now % p, 0
-      if stored == start then count, keep = stored_count, held == true end
+      if stored == start then count = stored_count end
       reset = start + p - now
       allowed = op == 'charge' or cost == 0 or cost <= limit - count
       -- delay: denied, the wait until the next window.
@@ -65,12 +59,11 @@ local function fixed_window(key, at, now, op, cost, x, y, z)
       if remaining < 0 then remaining = 0 end
       if count == 0 then reset = 0 end
       if op == 'peek' or not allowed then
-        return allowed, remaining, reset, delay, start, count, keep
+        return allowed, remaining, reset, delay, start, count
       end
     end
   end
   local ttl = start + p - now
-  if keep and ttl > 0 then ttl = true end
   -- write(key, ttl, start, count), inlined
   if ttl == true or ttl > 0 then
     state[key], n1[key], n2[key] = ttl, start, count
