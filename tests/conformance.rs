@@ -1787,3 +1787,38 @@ async fn auth_failure_bans_and_consumer_keys_match() {
         "{seen:?}"
     );
 }
+
+/// A fixed window whose period a reload or a live override lengthens, where the new window
+/// starts where the old one did: the key keeps counting, and its TTL moves to the new
+/// window's end. A write that kept the key's TTL (`SET … KEEPTTL`, cheaper) would let it
+/// expire at the old window's end and count from 0 again: over the limit.
+#[tokio::test]
+async fn a_lengthened_window_keeps_its_count_until_its_own_end() {
+    let server = RedisServer::start();
+    let redis = connect(config::Backend::Redis(server.url()), ClockSource::Local).await;
+    // One second into an hour: the windows of 1 min and of 1 h both start at the hour.
+    let hour = 3_600_000;
+    let at = (wall_ms() / hour + 1) * hour + 1_000;
+    let (short, long) = (
+        rule(Algorithm::FixedWindow, 10, 60_000, 10),
+        rule(Algorithm::FixedWindow, 10, hour, 10),
+    );
+    let k = key("lengthened", "p", &short);
+    for (r, now) in [(short, at), (long, at + 1)] {
+        let v = redis
+            .decide(&[check(&k, r, 4, true, 0)], now)
+            .await
+            .expect("decided");
+        assert!(v[0].allowed, "{v:?}");
+    }
+    let v = redis
+        .decide(&[check(&k, long, 4, true, 0)], at + 2)
+        .await
+        .expect("decided");
+    assert!(!v[0].allowed, "8 of 10 counted, 4 more must be refused: {v:?}");
+    let ttl: u64 = server.cli(&["PTTL", &k]).trim().parse().expect("a TTL");
+    assert!(
+        ttl > 60_000,
+        "the key must live to the 1 h window's end, not the 1 min one's: PTTL {ttl}"
+    );
+}
