@@ -1815,7 +1815,10 @@ async fn a_lengthened_window_keeps_its_count_until_its_own_end() {
         .decide(&[check(&k, long, 4, true, 0)], at + 2)
         .await
         .expect("decided");
-    assert!(!v[0].allowed, "8 of 10 counted, 4 more must be refused: {v:?}");
+    assert!(
+        !v[0].allowed,
+        "8 of 10 counted, 4 more must be refused: {v:?}"
+    );
     let ttl: u64 = server.cli(&["PTTL", &k]).trim().parse().expect("a TTL");
     assert!(
         ttl > 60_000,
