@@ -59,6 +59,19 @@ fn units(s: &Sluice, kind: &str) -> f64 {
     ))
 }
 
+/// Units an instance holds: taken, and not used, given back or dropped.
+fn held(s: &Sluice) -> f64 {
+    units(s, "taken") - units(s, "used") - units(s, "returned") - units(s, "dropped")
+}
+
+/// A fixed window of `limit` an hour on one tenant's key, taking up to `max` units ahead
+/// and holding them 30 s (longer than any test: held units expire only with a drop).
+fn hot_window(limit: usize, max: usize) -> String {
+    format!(
+        "algorithm = \"fixed_window\"\nlimit = {limit}\nperiod = \"1h\"\nprefetch = {{ max = {max}, hold = \"30s\" }}"
+    )
+}
+
 /// One admitted request: when it was sent and when its answer came (the admission lies
 /// between).
 #[derive(Clone, Copy, Debug)]
@@ -133,21 +146,6 @@ fn sweep(fleet: &[Sluice], tenant: &str) -> usize {
     n
 }
 
-/// Script calls run by a server since it started.
-fn scripts_run(redis: &RedisServer) -> u64 {
-    let field = |line: &str, name: &str| -> u64 {
-        line.split([':', ','])
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-            .unwrap_or(0)
-    };
-    redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .map(|l| field(l, "calls") - field(l, "failed_calls"))
-        .sum()
-}
-
 /// 3 instances × 8 clients on one tenant of a fixed_window limit: never more than the
 /// limit, and exactly the limit once every instance has used what it held.
 fn a_hot_window_admits_exactly_its_limit(
@@ -187,11 +185,11 @@ fn a_hot_window_admits_exactly_its_limit(
 #[test]
 fn three_instances_on_one_hot_key_admit_exactly_a_windows_limit() {
     let redis = RedisServer::start();
-    let before = scripts_run(&redis);
+    let before = redis.scripts_run();
     let limit = 3000;
     let _fleet = a_hot_window_admits_exactly_its_limit(&standalone(&redis), "fixed_window", limit);
     // Most admissions cost no script call.
-    let calls = scripts_run(&redis) - before;
+    let calls = redis.scripts_run() - before;
     assert!(
         calls < limit as u64 / 4,
         "{calls} script calls for {limit} admissions"
@@ -224,11 +222,11 @@ fn three_instances_on_one_hot_key_admit_exactly_a_windows_limit_through_sentinel
         sentinels[0].url(),
         sentinels[1].url()
     );
-    let before = scripts_run(&master);
+    let before = master.scripts_run();
     let limit = 2000;
     let _fleet = a_hot_window_admits_exactly_its_limit(&limiter, "fixed_window", limit);
     // The master ran the scripts, and few of them: most admissions were held units.
-    let calls = scripts_run(&master) - before;
+    let calls = master.scripts_run() - before;
     assert!(
         calls > 0 && calls < limit as u64 / 4,
         "{calls} script calls on the master for {limit} admissions"
@@ -310,9 +308,7 @@ fn a_reset_during_load_reaches_held_units_everywhere() {
     let redis = RedisServer::start();
     let dir = TempDir::new();
     let limit = 1000;
-    let policy = format!(
-        "algorithm = \"fixed_window\"\nlimit = {limit}\nperiod = \"1h\"\nprefetch = {{ max = 64, hold = \"30s\" }}"
-    );
+    let policy = hot_window(limit, 64);
     let t = template(&standalone(&redis), &policy, &dir);
     let fleet: Vec<Sluice> = (0..3).map(|_| Sluice::start(&t)).collect();
     // Load that stops short of the limit, leaving units held.
@@ -324,9 +320,6 @@ fn a_reset_during_load_reaches_held_units_everywhere() {
         false,
         300,
     );
-    let held = |s: &Sluice| {
-        units(s, "taken") - units(s, "used") - units(s, "returned") - units(s, "dropped")
-    };
     assert!(admitted.len() < limit, "{}", admitted.len());
     let holding: f64 = fleet.iter().map(held).sum();
     assert!(holding > 0.0, "no units held before the reset");
@@ -364,9 +357,7 @@ fn an_instance_killed_holding_units_strands_at_most_max() {
     let redis = RedisServer::start();
     let dir = TempDir::new();
     let (limit, max) = (600, 64);
-    let policy = format!(
-        "algorithm = \"fixed_window\"\nlimit = {limit}\nperiod = \"1h\"\nprefetch = {{ max = {max}, hold = \"30s\" }}"
-    );
+    let policy = hot_window(limit, max);
     let t = template(&standalone(&redis), &policy, &dir);
     let mut fleet: Vec<Sluice> = (0..3).map(|_| Sluice::start(&t)).collect();
     // Make the doomed instance hot: it takes units ahead and uses some.
@@ -497,9 +488,7 @@ fn a_redis_restart_during_load_never_admits_more_than_the_limit() {
     let mut redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let dir = TempDir::new();
     let (limit, max) = (1500, 64);
-    let policy = format!(
-        "algorithm = \"fixed_window\"\nlimit = {limit}\nperiod = \"1h\"\nprefetch = {{ max = {max}, hold = \"30s\" }}"
-    );
+    let policy = hot_window(limit, max);
     let t = template(&standalone(&redis), &policy, &dir);
     let fleet: Vec<Sluice> = (0..3).map(|_| Sluice::start(&t)).collect();
     let before = drive(
@@ -566,9 +555,7 @@ fn a_quota_read_counts_held_units_as_used() {
     let redis = RedisServer::start();
     let dir = TempDir::new();
     let limit = 1000;
-    let policy = format!(
-        "algorithm = \"fixed_window\"\nlimit = {limit}\nperiod = \"1h\"\nprefetch = {{ max = 64, hold = \"30s\" }}"
-    );
+    let policy = hot_window(limit, 64);
     let s = Sluice::start(&template(&standalone(&redis), &policy, &dir));
     let mut admitted = drive(
         std::slice::from_ref(&s),
@@ -579,9 +566,6 @@ fn a_quota_read_counts_held_units_as_used() {
         200,
     )
     .len() as f64;
-    let held = |s: &Sluice| {
-        units(s, "taken") - units(s, "used") - units(s, "returned") - units(s, "dropped")
-    };
     // The clients may have stopped just as they used the last take's last unit: then the
     // next request takes more, and keeps the rest.
     if held(&s) == 0.0 {
@@ -643,9 +627,6 @@ fn held_units_are_used_only_when_every_other_policy_allows() {
         usize::MAX,
     );
     assert_eq!(admitted.len() + sweep(fleet, "acme"), 100);
-    let held = |s: &Sluice| {
-        units(s, "taken") - units(s, "used") - units(s, "returned") - units(s, "dropped")
-    };
     let (before, used) = (held(&s), units(&s, "used"));
     assert!(used <= 100.0, "{used}");
     // Refused by `small`: nothing of `hot` is used, nothing held is lost.
@@ -680,7 +661,7 @@ fn rls_calls_on_one_hot_descriptor_admit_exactly_a_windows_limit() {
     let fleet: Vec<rls::RlsSluice> = (0..2)
         .map(|_| rls::start(&standalone(&redis), "", &rules))
         .collect();
-    let before = scripts_run(&redis);
+    let before = redis.scripts_run();
     let admitted = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for s in &fleet {
@@ -728,7 +709,7 @@ fn rls_calls_on_one_hot_descriptor_admit_exactly_a_windows_limit() {
         used <= limit as f64 && used * 2.0 > limit as f64,
         "{used} used"
     );
-    let calls = scripts_run(&redis) - before;
+    let calls = redis.scripts_run() - before;
     assert!(
         calls < limit as u64 / 4,
         "{calls} script calls for {limit} admissions"

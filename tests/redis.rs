@@ -66,7 +66,7 @@ fn concurrent_requests_share_script_calls_and_admit_exactly_the_limit() {
         let responses = burst(s.addr, 200, "/a", &[]);
         assert_eq!(count_status(&responses, 200), 50, "{algorithm}");
         assert_eq!(count_status(&responses, 429), 150, "{algorithm}");
-        let calls = scripts_run(&redis);
+        let calls = redis.scripts_run();
         assert!(
             (1..100).contains(&calls),
             "{algorithm}: {calls} script calls for 200 requests: {}",
@@ -107,7 +107,7 @@ fn a_batch_reply_of_many_pieces_gives_every_request_its_verdicts() {
     let responses = burst(s.addr, 200, "/a", &[]);
     assert_eq!(count_status(&responses, 200), 50);
     assert_eq!(count_status(&responses, 429), 150);
-    let calls = scripts_run(&redis);
+    let calls = redis.scripts_run();
     assert!(
         (1..12).contains(&calls),
         "{calls} script calls for 200 requests: {}",
@@ -146,28 +146,12 @@ fn the_deny_cache_answers_over_limit_keys_without_redis() {
             expected_hits
         );
         assert_eq!(
-            scripts_run(&redis),
+            redis.scripts_run(),
             expected_calls,
             "script calls with deny_cache = {cache}: {}",
             script_calls(&redis)
         );
     }
-}
-
-/// Script calls that ran since the server's stats were reset: a first call answered
-/// NOSCRIPT (then loaded and sent again) does not count.
-fn scripts_run(redis: &RedisServer) -> u64 {
-    let field = |line: &str, name: &str| -> u64 {
-        line.split([':', ','])
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-            .unwrap_or(0)
-    };
-    redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .map(|l| field(l, "calls") - field(l, "failed_calls"))
-        .sum()
 }
 
 /// Sends requests for about `span`, returning (status, latency) of each.

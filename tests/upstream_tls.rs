@@ -5,24 +5,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::{Sluice, TempDir, SLUICE};
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl is needed: apt-get install openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use common::{openssl, Sluice, TempDir, SLUICE};
 
 /// A private CA (`ca.pem`), a server certificate for "upstream.test" (`srv.pem`, `srv.key`)
 /// and a client certificate "sluice-client" (`client.pem`, `client.key`), all issued by it;

@@ -259,7 +259,7 @@ impl Drop for Sluice {
 }
 
 /// Runs `openssl` with `args` in `dir`, failing the test with its output if it fails.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
+pub fn openssl(dir: &std::path::Path, args: &[&str]) {
     let out = Command::new("openssl")
         .args(args)
         .current_dir(dir)

@@ -166,6 +166,21 @@ impl RedisServer {
         redis_cli(self.port, args)
     }
 
+    /// Script calls (EVAL, EVALSHA) that ran since the server's stats were reset: a first
+    /// call answered NOSCRIPT (then loaded and sent again) does not count.
+    pub fn scripts_run(&self) -> u64 {
+        let field = |line: &str, name: &str| -> u64 {
+            line.split([':', ','])
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+                .unwrap_or(0)
+        };
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .map(|l| field(l, "calls") - field(l, "failed_calls"))
+            .sum()
+    }
+
     /// A plain blocking connection for inspecting state.
     pub fn connection(&self) -> redis::Connection {
         redis::Client::open(self.url())
