@@ -203,6 +203,16 @@ impl Reader<'_> {
         }
     }
 
+    /// A duration as the TOML writes one ("250ms", "10m"); `example` shows one in the error.
+    fn duration(&mut self, node: &MarkedYaml, key: &str, example: &str) -> Option<Duration> {
+        let text = self.text(node, key)?;
+        let d = parse_duration(&text);
+        if d.is_none() {
+            self.at(node, format!("`{key}`: bad duration \"{text}\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"{example}\")"));
+        }
+        d
+    }
+
     fn bool(&mut self, node: &MarkedYaml, key: &str) -> Option<bool> {
         match &node.data {
             YamlData::Value(Scalar::Boolean(b)) => Some(*b),
@@ -465,16 +475,7 @@ impl Reader<'_> {
                 }
             }
             let ban = match find("ban") {
-                Some(v) => {
-                    let text = self.text(v, "ban")?;
-                    match parse_duration(&text) {
-                        Some(d) => d,
-                        None => {
-                            self.at(v, format!("`ban`: bad duration \"{text}\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"10m\")"));
-                            return None;
-                        }
-                    }
-                }
+                Some(v) => self.duration(v, "ban", "10m")?,
                 None => Duration::ZERO,
             };
             let prefetch = match entries.iter().find(|(_, k, _)| *k == "prefetch") {
@@ -519,19 +520,12 @@ impl Reader<'_> {
             }
         };
         let hold = match find("hold") {
-            Some(v) => match self.text(v, "hold") {
-                Some(text) => match parse_duration(&text) {
-                    Some(d) if d.is_zero() => {
-                        self.at(v, "`hold` must be at least 1ms");
-                        None
-                    }
-                    Some(d) => Some(d),
-                    None => {
-                        self.at(v, format!("`hold`: bad duration \"{text}\" (expected a whole number and a unit: ms, s, m, h or d, e.g. \"250ms\")"));
-                        None
-                    }
-                },
-                None => None,
+            Some(v) => match self.duration(v, "hold", "250ms") {
+                Some(d) if d.is_zero() => {
+                    self.at(v, "`hold` must be at least 1ms");
+                    None
+                }
+                d => d,
             },
             None => {
                 self.at(node, "missing required key `hold` in `prefetch`");
