@@ -81,11 +81,25 @@ struct Setup {
     _dir: TempDir,
 }
 
+/// The policies count in fixed windows of an hour, aligned to the clock: a test that
+/// charged a key before the hour turned would read it fresh after. Starting a test in the
+/// last minute of an hour waits for the next one (a test takes seconds).
+fn clear_of_the_hour() {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let left = 3_600_000 - ms % 3_600_000;
+    if left < 60_000 {
+        std::thread::sleep(std::time::Duration::from_millis(left + 100));
+    }
+}
+
 fn start() -> Setup {
     start_with("", |_, _| String::new())
 }
 
 fn start_with(admin: &str, extra: impl Fn(&TempDir, &EchoUpstream) -> String) -> Setup {
+    clear_of_the_hour();
     let dir = TempDir::new();
     let token_file = dir.0.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
