@@ -70,6 +70,15 @@ fn bad_calls_get_their_status_and_problem() {
     assert_problem(&bad_json, 400, "bad JSON");
     let zero = call(&s, "PUT", "/v1/overrides/per_key?key=a", "{\"limit\": 0}");
     assert_problem(&zero, 400, "between 1 and");
+    // What the config refuses is refused at run time too: 2^53 an hour puts limit × period
+    // in ms past 2^53, where Redis's Lua numbers stop being exact.
+    let inexact = call(
+        &s,
+        "PUT",
+        "/v1/overrides/per_key?key=a",
+        "{\"limit\": 9007199254740992}",
+    );
+    assert_problem(&inexact, 400, "must stay below 2^53");
     // A rejected call changes nothing.
     assert!(call(&s, "GET", "/v1/overrides/per_key", "").body.trim() == "[]");
     assert_eq!(call(&s, "GET", "/v1/policies", "").status, 200);

@@ -19,7 +19,7 @@ use common::jwt::key_digest;
 use common::redis::RedisServer;
 use common::Sluice;
 use rls::{call, call_bytes, one, RlsSluice, INVALID_ARGUMENT};
-use sluice::rls::proto::{encode_request, Code, Descriptor};
+use sluice::rls::proto::{encode_request, Code, Descriptor, Unit};
 
 const TWO_53: u64 = 1 << 53;
 
@@ -153,6 +153,35 @@ fn rls_hits_addend_above_2_53_is_invalid_and_changes_nothing_on_memory() {
 fn rls_hits_addend_above_2_53_is_invalid_and_changes_nothing_on_redis() {
     let redis = RedisServer::start();
     hits_above_2_53_are_invalid(&redis_limiter(&redis));
+}
+
+/// A request's own `limit` (a uint32 per unit) meets the rules' bound: with a rate algorithm,
+/// the limit times the unit in ms must stay below 2^53 (4,294,967,295 a year does not), or
+/// the request is invalid and charges nothing; the windows and the log only count.
+#[test]
+fn an_rls_request_limit_past_2_53_with_a_rate_is_invalid() {
+    let s = rls::start("backend = \"memory\"", "", RULES);
+    let with_limit = |rule: &str, per_year: u32| {
+        let mut r = one("costs", rule, "own", Some(1));
+        r.descriptors[0].limit = Some((per_year, Unit::Year));
+        call(s.rls, &r)
+    };
+    for rule in ["sw", "tb", "gc"] {
+        assert_eq!(with_limit(rule, u32::MAX), Err(INVALID_ARGUMENT), "{rule}");
+        assert_eq!(
+            left(&s, rule, "own"),
+            10,
+            "{rule}: an invalid request charged"
+        );
+        // 285,616 a year is the most that stays below 2^53 ms.
+        let fits = with_limit(rule, 285_616).expect("answer");
+        assert_eq!(fits.overall_code, Code::Ok, "{rule}");
+        assert_eq!(fits.statuses[0].limit_remaining, 285_615, "{rule}");
+    }
+    for rule in ["ten", "sl"] {
+        let counted = with_limit(rule, u32::MAX).expect("answer");
+        assert_eq!(counted.statuses[0].limit_remaining, u32::MAX - 1, "{rule}");
+    }
 }
 
 fn exactly_2_53_is_decided_by_the_limit(limiter: &str) {

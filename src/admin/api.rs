@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::{Answer, Call};
 use crate::clock::unix_ms;
-use crate::config::{parse_duration, Algorithm, Policy};
+use crate::config::{exact_in_redis, parse_duration, Algorithm, Policy};
 use crate::gateway::Gateway;
 use crate::key;
 use crate::limiter::runtime::RuntimeOverride;
@@ -198,6 +198,18 @@ fn parse_override(policy: &Policy, key: &NamedKey, body: &[u8]) -> Result<Runtim
         policy.burst.get()
     });
     let period = period.unwrap_or(policy.period);
+    // The config's own rule for its overrides (§9.1): a calendar window only counts.
+    let counted = policy.calendar.is_some() && period == policy.period;
+    if policy.algorithm != Algorithm::Concurrency && !counted {
+        for (name, n) in [("limit", limit), ("burst", burst)] {
+            if !exact_in_redis(n, period) {
+                return Err(format!(
+                    "`{name}` times `period` in ms must stay below 2^53 ({n} × {} ms): use a shorter period",
+                    period.as_millis()
+                ));
+            }
+        }
+    }
     Ok(RuntimeOverride {
         policy: policy.name.clone(),
         key: key.values.clone(),

@@ -37,7 +37,8 @@ pub use limiter::{Backend, ClockSource, Limiter, OnError};
 pub use metering::{Metering, Reserve, StatusRange, UsageFormat};
 pub use nets::NetSet;
 pub use policies::{
-    Algorithm, Condition, KeyPart, Mode, Numbers, OnMissing, Override, Policy, Values,
+    exact_in_redis, Algorithm, Condition, KeyPart, Mode, Numbers, OnMissing, Override, Policy,
+    Values,
 };
 pub use read::{parse_duration, parse_size, ConfigError, ConfigErrors};
 pub use reject::{Part, Placeholder, Reject, Template};

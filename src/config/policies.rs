@@ -192,6 +192,13 @@ impl Policy {
 /// Largest value exact integer arithmetic may reach in Redis's Lua (doubles): 2^53.
 const EXACT_LIMIT: u128 = 1 << 53;
 
+/// Whether `n` units per `period` keep a rate's arithmetic in Redis's Lua exact: `n` times
+/// the period in ms below 2^53. The config checks its own numbers; this is for those set at
+/// run time (the admin API's overrides, an RLS request's own limit).
+pub fn exact_in_redis(n: u64, period: Duration) -> bool {
+    u128::from(n) * period.as_millis() < EXACT_LIMIT
+}
+
 /// A key part named in `field` (`key`, or `when` of an override).
 pub(super) fn key_part(p: &Problems, s: &Spanned<String>, field: &str) -> Option<KeyPart> {
     let v = s.value.as_str();
@@ -369,13 +376,12 @@ pub(super) fn policy(p: &Problems, name: &Spanned<String>, node: &Spanned<Node>)
     }
     // Exact integer arithmetic in Redis's Lua needs every product of a count and the period
     // in milliseconds to stay below 2^53.
-    let period_ms = period.as_millis();
     for (key, n) in [("limit", limit), ("burst", burst), ("cost", Some(cost))] {
         if n.is_some_and(|n| {
             // A calendar window only counts (no rate arithmetic in its period).
             algorithm != Some(Algorithm::Concurrency)
                 && calendar.is_none()
-                && n as u128 * period_ms >= EXACT_LIMIT
+                && !exact_in_redis(n, period)
         }) {
             p.at(
                 &t.key_span(key),
@@ -563,10 +569,9 @@ fn overrides(p: &Problems, t: &Table, own: &Own) -> Vec<Override> {
                 ),
             );
         }
-        let period_ms = period.as_millis();
         if own.algorithm != Algorithm::Concurrency && !own.calendar {
             for (key, n) in [("limit", limit), ("burst", burst), ("cost", own.cost)] {
-                if n as u128 * period_ms >= EXACT_LIMIT {
+                if !exact_in_redis(n, period) {
                     let at = if o.get(key).is_some() { key } else { "period" };
                     p.at(
                         &o.key_span(at),

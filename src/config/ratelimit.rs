@@ -464,12 +464,11 @@ impl Reader<'_> {
                 algorithm,
                 Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::Gcra
             );
-            let unit_ms = unit.as_millis();
             for (name, n) in [
                 ("requests_per_unit", Some(requests_per_unit)),
                 ("burst", burst),
             ] {
-                if rates && n.is_some_and(|n| u128::from(n) * unit_ms >= 1 << 53) {
+                if rates && n.is_some_and(|n| !super::policies::exact_in_redis(n, unit)) {
                     let at = find(name).unwrap_or(node);
                     self.at(at, format!("`{name}` times `unit` in ms must stay below 2^53 (9007199254740992) with {}, the exact range of Redis's numbers: use a shorter unit", algorithm.name()));
                 }

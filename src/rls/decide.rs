@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::proto::{Code, Request, Response, Status, Unit};
 use super::rules;
-use crate::config::{Algorithm, Numbers};
+use crate::config::{exact_in_redis, Algorithm, Numbers};
 use crate::gateway::Gateway;
 use crate::limiter::algorithm::{Rule, Verdict, MAX_COST};
 use crate::limiter::keyed::Keyed;
@@ -102,6 +102,22 @@ pub async fn should_rate_limit(gateway: &Gateway, req: &Request) -> Result<Respo
                 burst: limit,
             })
         });
+        // A request's own limit meets the YAML's rule (config::ratelimit): the rates'
+        // arithmetic in Redis is exact only below 2^53.
+        if let Some(n) = &numbers {
+            let rate = matches!(
+                config.policies[policy].algorithm,
+                Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::Gcra
+            );
+            if rate && !exact_in_redis(n.limit.get(), n.period) {
+                return Err(format!(
+                    "descriptor limit {} per {} s times the unit in ms must stay below 2^53 with {}",
+                    n.limit,
+                    n.period.as_secs(),
+                    config.policies[policy].algorithm.name()
+                ));
+            }
+        }
         item_of[i] = Some(items.len());
         items.push(Keyed {
             policy,
