@@ -1,6 +1,6 @@
 //! Costs cannot wrap, and a ban answers alike everywhere (DESIGN §17), through the real
 //! binary on both backends: RLS `hits_addend` above 2^53 is INVALID_ARGUMENT and charges
-//! nothing; exactly 2^53 is decided by the limit, also next to a count of 1 (where a double
+//! nothing, and so is a request's own limit past 2^53 ms on a rate rule; exactly 2^53 is decided by the limit, also next to a count of 1 (where a double
 //! would round 2^53 + 1 down to 2^53); a response cost above 2^53 (a header, a usage sum) is
 //! charged as 2^53, so the next request is refused; a `max_failures` ban shows its own rest as
 //! `Retry-After`, never the failures window's, on the instance that set it and on another.
