@@ -15,8 +15,8 @@ use bytes::Bytes;
 use common::echo::EchoUpstream;
 use common::redis::{RedisCluster, RedisServer};
 use common::{free_port, http, Sluice, TempDir};
-use rls::{framed, raw_call_to, METHOD};
-use sluice::rls::proto::{encode_request, Code, Descriptor, Request, Response, Unit};
+use rls::{call, framed, raw_call_to, RlsSluice, METHOD};
+use sluice::rls::proto::{encode_request, Code, Descriptor, Request, Unit};
 
 /// envoyproxy/ratelimit's YAML, with every kind of rule the tests need.
 const RULES: &str = r#"
@@ -72,40 +72,12 @@ descriptors:
 "#;
 
 /// A sluice serving `[rls]` on `RULES` with `limiter` as its `[limiter]` table.
-struct RlsSluice {
-    sluice: Sluice,
-    rls: SocketAddr,
-    _rules: TempDir,
-}
-
 fn start_sluice(limiter: &str) -> RlsSluice {
     start_sluice_with(limiter, &[("edge.yaml", RULES)])
 }
 
 fn start_sluice_with(limiter: &str, files: &[(&str, &str)]) -> RlsSluice {
-    let rules = TempDir::new();
-    for (name, text) in files {
-        std::fs::write(rules.0.join(name), text).expect("write rules");
-    }
-    std::fs::write(rules.0.join("token"), "t0ken\n").expect("write token");
-    let rls: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let template = format!(
-        "[server]\nlisten = [\"{{listen}}\"]\nthreads = 1\nbody_timeout = \"1s\"\n[admin]\nlisten = \"{{admin}}\"\ntoken_file = \"{0}/token\"\n\
-         [limiter]\n{limiter}\n[rls]\nlisten = \"{rls}\"\nconfig = [\"{0}/*.yaml\"]\n\
-         [[routes]]\nname = \"hello\"\npath = \"/hello\"\nrespond = {{ status = 200 }}\n",
-        rules.0.display()
-    );
-    let sluice = Sluice::start(&template);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(rls).is_err() {
-        assert!(Instant::now() < deadline, "the rls listener did not open");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    RlsSluice {
-        sluice,
-        rls,
-        _rules: rules,
-    }
+    rls::start_with(limiter, "body_timeout = \"1s\"", files)
 }
 
 fn redis_limiter(redis: &RedisServer) -> String {
@@ -415,24 +387,9 @@ fn envoy_without_its_rate_limit_service_follows_failure_mode_deny() {
 
 // ---- A raw gRPC client: what Envoy does not show.
 
+/// A request of the domain `edge` with one descriptor `key=value`.
 fn one(key: &str, value: &str, hits: Option<u64>) -> Request {
-    Request {
-        domain: "edge".into(),
-        descriptors: vec![Descriptor {
-            entries: vec![(key.into(), value.into())],
-            limit: None,
-            hits_addend: hits,
-        }],
-        hits_addend: 0,
-    }
-}
-
-/// ShouldRateLimit: the answer, or the gRPC status it failed with.
-fn call(addr: SocketAddr, req: &Request) -> Result<Response, u32> {
-    match raw_call_to(addr, METHOD, framed(&encode_request(req)), true) {
-        (0, Some(bytes)) => Ok(Response::decode(&bytes).expect("a valid answer")),
-        (code, _) => Err(code),
-    }
+    rls::one("edge", key, value, hits)
 }
 
 #[test]
@@ -538,7 +495,7 @@ fn a_raw_client_sees_limits_remaining_resets_peeks_overrides_and_errors() {
 fn check_locates_yaml_errors_and_a_bad_reload_keeps_the_old_rules() {
     let s = start_sluice("backend = \"memory\"");
     // A rule whose name another domain's rule already has is refused where it is written.
-    let other = s._rules.0.join("other.yaml");
+    let other = s.rules.0.join("other.yaml");
     std::fs::write(
         &other,
         "domain: other\ndescriptors:\n  - key: k\n    rate_limit: {name: tight, unit: second, requests_per_unit: 1}\n",
@@ -559,7 +516,7 @@ fn check_locates_yaml_errors_and_a_bad_reload_keeps_the_old_rules() {
     );
     std::fs::remove_file(&other).expect("remove");
 
-    let yaml = s._rules.0.join("edge.yaml");
+    let yaml = s.rules.0.join("edge.yaml");
     std::fs::write(
         &yaml,
         RULES.replace(

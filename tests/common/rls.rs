@@ -18,18 +18,26 @@ pub const INVALID_ARGUMENT: u32 = 3;
 pub const DEADLINE_EXCEEDED: u32 = 4;
 pub const RESOURCE_EXHAUSTED: u32 = 8;
 
-/// A sluice with `[rls]` on the YAML `rules`; the admin token is `t0ken`.
+/// A sluice with `[rls]` on its ratelimit YAML files; the admin token is `t0ken`.
 pub struct RlsSluice {
     pub sluice: Sluice,
     pub rls: SocketAddr,
-    _rules: TempDir,
+    /// The directory of the YAML files (`[rls] config` reads `*.yaml` there) and the token.
+    pub rules: TempDir,
 }
 
 /// Starts sluice with `limiter` as its `[limiter]` table, `server` as extra `[server]` lines
 /// and `rules` as its one ratelimit YAML file; waits until the RLS listener accepts.
 pub fn start(limiter: &str, server: &str, rules: &str) -> RlsSluice {
+    start_with(limiter, server, &[("rules.yaml", rules)])
+}
+
+/// `start` with several YAML files, each (file name, text).
+pub fn start_with(limiter: &str, server: &str, files: &[(&str, &str)]) -> RlsSluice {
     let dir = TempDir::new();
-    std::fs::write(dir.0.join("rules.yaml"), rules).expect("write rules");
+    for (name, text) in files {
+        std::fs::write(dir.0.join(name), text).expect("write rules");
+    }
     std::fs::write(dir.0.join("token"), "t0ken\n").expect("write token");
     let rls: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let template = format!(
@@ -48,7 +56,7 @@ pub fn start(limiter: &str, server: &str, rules: &str) -> RlsSluice {
     RlsSluice {
         sluice,
         rls,
-        _rules: dir,
+        rules: dir,
     }
 }
 
