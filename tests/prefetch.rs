@@ -9,6 +9,7 @@ mod common;
 #[path = "common/rls.rs"]
 mod rls;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -49,7 +50,23 @@ fn template(limiter: &str, policy: &str, dir: &TempDir) -> String {
 }
 
 fn hit(s: &Sluice, tenant: &str) -> u16 {
-    s.get_with("/r", &[("x-tenant", tenant)]).status
+    ask(s.addr, tenant)
+}
+
+/// GET /r for `tenant`: the status of the answer. Asked again while no connection opens
+/// (status 0): after thousands of short connections the machine can run out of ports, and a
+/// request that never left must not count as a refusal (it would end a sweep early).
+fn ask(addr: SocketAddr, tenant: &str) -> u16 {
+    let mut why = String::new();
+    for _ in 0..200 {
+        let r = http::get(addr, "/r", &[("x-tenant", tenant)]);
+        if r.status != 0 {
+            return r.status;
+        }
+        why = r.body;
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("no answer from {addr}: {why}");
 }
 
 /// `sluice_prefetch_units_total{kind}` of route r, policy hot.
@@ -103,7 +120,7 @@ fn drive(
                             break;
                         }
                         let sent = Instant::now();
-                        let status = http::get(addr, "/r", &[("x-tenant", tenant)]).status;
+                        let status = ask(addr, tenant);
                         let answered = Instant::now();
                         match status {
                             200 => {
