@@ -606,7 +606,14 @@ fn a_reload_with_a_bad_certificate_is_rejected_and_the_old_one_served() {
         s.metric(r#"sluice_config_reloads_total{result="success"}"#),
         0.0
     );
-    assert!(s.stderr().contains("expired on 2020-01-31 00:00:00 UTC"));
+    // The reason is logged before the failure is counted; read until it is there (a CI run
+    // once read the log without it), and show the log if it never is.
+    let expired = "expired on 2020-01-31 00:00:00 UTC";
+    assert!(
+        s.wait_for(Duration::from_secs(5), || s.stderr().contains(expired)),
+        "{}",
+        s.stderr()
+    );
     assert_eq!(
         served_subject(port, Some("cur.test")),
         "CN = cur.test, O = v1"
