@@ -478,6 +478,10 @@ path_prefix = "/"
 respond = { status = 200, body = "ok\n" }
 "#,
     ));
+    // Ready once one worker answers; the other may open its socket a moment later.
+    s.wait_for(Duration::from_secs(5), || {
+        listening_sockets(s.addr.port()) == 2
+    });
     assert_eq!(listening_sockets(s.addr.port()), 2, "one per worker thread");
     for _ in 0..16 {
         assert_eq!(http::get(s.addr, "/", &[]).status, 200);
