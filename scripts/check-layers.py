@@ -50,7 +50,7 @@ import tempfile
 LAYERS = [
     ["clock", "config"],
     ["metrics"],
-    ["auth", "routing", "tls", "upstream", "peer_tls", "retry"],
+    ["auth", "routing", "tls", "upstream"],
     ["key"],
     ["limiter"],
     ["response"],

@@ -11,29 +11,22 @@ use crate::clock::Clock;
 use crate::config::{self, Config};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::peer_tls::PeerTls;
-use crate::retry::Budget;
 use crate::routing::RouteIndex;
 use crate::tls::Certificates;
-use crate::upstream::{self, spawn_health_checks, Pool};
+use crate::upstream::{self, Upstream};
 
 pub struct Gateway {
     pub config: Config,
     /// `config.routes`, indexed: which route a request belongs to.
     pub routes: RouteIndex,
-    /// Aligned with `config.upstreams`.
-    pub pools: Vec<Arc<Pool>>,
+    /// `config.upstreams`, in order: each its pool, peer TLS and retry budget.
+    pub upstreams: Vec<Arc<Upstream>>,
     pub limiter: Limiter,
     /// Who is asking: API keys and JWT issuers of this config, runtime consumers.
     pub auth: Authenticator,
     /// The TLS listeners' certificates: one resolver for the process, handed on to each
     /// new gateway and updated with its certificates.
     pub tls: Arc<Certificates>,
-    /// Each upstream's `ca_file` and client certificate for its peers, aligned with
-    /// `config.upstreams` (DESIGN §20).
-    pub peer_tls: Vec<PeerTls>,
-    /// Each upstream's retry budget (`None`: no `retries`), aligned with `config.upstreams`.
-    pub retries: Vec<Option<Arc<Budget>>>,
 }
 
 impl Gateway {
@@ -63,9 +56,12 @@ impl Gateway {
             &metrics,
         );
         // After everything that can fail: the old pools stop checking and writing gauges.
-        upstream::hand_over(previous.map_or(&[][..], |p| &p.pools[..]), &pools, &metrics);
-        spawn_health_checks(&pools);
-        upstream::spawn_resolves(&pools);
+        let upstreams = Upstream::all(&config, pools, &metrics);
+        upstream::hand_over(
+            previous.map_or(&[][..], |p| &p.upstreams[..]),
+            &upstreams,
+            &metrics,
+        );
         // Last, after everything that can fail: new handshakes get these certificates now.
         let tls = match previous {
             Some(p) => p.tls.clone(),
@@ -80,14 +76,10 @@ impl Gateway {
             limiter.backend_name(),
         );
         crate::auth::prime_metrics(&metrics, &config, previous_config);
-        let peer_tls = PeerTls::of_config(&config);
-        let retries = Budget::of_config(&config, &metrics);
         Ok(Gateway {
             routes: RouteIndex::new(config.proxy_routes()),
-            peer_tls,
-            retries,
             config,
-            pools,
+            upstreams,
             limiter,
             auth,
             tls,

@@ -16,10 +16,10 @@
 //!    `routing`: which route a request belongs to (a first-match scan, and `RouteIndex`,
 //!    which answers it by hash whatever the number of routes), on the normal form of its
 //!    path (`path`). `tls`: certificates by SNI, client certificates, reload.
-//!    `upstream`: pools (pingora::lb selection, active and passive health; `resolve`:
-//!    names re-resolved on an interval through hickory). `peer_tls`: each upstream's CAs
-//!    and client certificate as Pingora's connector takes them; `retry`: the retry
-//!    budgets of the upstreams with `retries`.
+//!    `upstream`: each upstream as one `Upstream` the proxy asks for a `peer()`: its `pool`
+//!    (pingora::lb selection and passive health; `pool::health` the active checks,
+//!    `pool::resolve` names re-resolved on an interval through hickory), `peer_tls` (its CAs
+//!    and client certificate as Pingora's connector takes them) and `retry` (its budget).
 //! 4. `key`: the client IP and the rate key of a policy for a request.
 //! 5. `limiter`: deciding a route's policies together, and settling metered charges once
 //!    responses are known; `memory` and `redis` backends only store; `overrides` (config)
@@ -48,10 +48,8 @@ pub mod gateway;
 pub mod key;
 pub mod limiter;
 pub mod metrics;
-pub mod peer_tls;
 pub mod proxy;
 pub mod response;
-pub mod retry;
 pub mod rls;
 pub mod routing;
 pub mod server;

@@ -104,9 +104,10 @@ pub fn summary(app: &App, gateway: &Gateway) -> Answer {
         .collect();
 
     let upstreams: Vec<Value> = gateway
-        .pools
+        .upstreams
         .iter()
-        .map(|pool| {
+        .map(|upstream| {
+            let pool = &upstream.pool;
             let name = pool.config.name.as_str();
             let servers: Vec<Value> = pool
                 .servers

@@ -13,7 +13,6 @@ use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::modules::http::HttpModules;
 use pingora::prelude::*;
-use pingora::protocols::ALPN;
 use pingora::proxy::FailToProxy;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 
@@ -21,7 +20,7 @@ use crate::auth::{self, Identity, Presented};
 use crate::config::RetryOn;
 use crate::config::{
     AccessLog, AuthMode, HeaderRules, Metering, PathMatch, RedirectTo, Scheme, Target,
-    UpstreamProtocol, AUTH_FAILURES,
+    AUTH_FAILURES,
 };
 use crate::gateway::{App, Gateway};
 use crate::key::{self, RequestFacts};
@@ -31,10 +30,6 @@ use crate::routing::{self, UNMATCHED};
 use crate::upstream;
 use connection::ClientConn;
 use decode::BodyMeter;
-
-/// Concurrent requests multiplexed on one HTTP/2 connection to an upstream before another
-/// is opened (Pingora's default is 1, which would make h2 upstreams one connection per stream).
-const H2_STREAMS_PER_UPSTREAM_CONNECTION: usize = 100;
 
 pub struct Proxy {
     pub app: Arc<App>,
@@ -70,7 +65,7 @@ pub struct Ctx {
     /// Servers tried for this request, in order; the last one is answering it.
     upstream_tried: Vec<std::net::SocketAddr>,
     /// The upstream's `retries` (DESIGN §20): this request's tries, counted in its budget.
-    retry: Option<crate::retry::Tries>,
+    retry: Option<crate::upstream::Tries>,
     /// A retry on the upstream's status was granted: the error that ends this try says so.
     retry_status: bool,
     /// A response header of the upstream went on to the client: no more retries.
@@ -549,35 +544,14 @@ impl ProxyHttp for Proxy {
         let Target::Upstream(upstream) = gateway.config.routes[route].target else {
             return Err(Error::new(ErrorType::InternalError));
         };
-        let pool = &gateway.pools[upstream];
-        if let (None, Some(budget)) = (&ctx.retry, &gateway.retries[upstream]) {
-            ctx.retry = Some(budget.enter());
+        let upstream = &gateway.upstreams[upstream];
+        if ctx.retry.is_none() {
+            ctx.retry = upstream.tries();
         }
-        let server = pool.pick(ctx.client_ip, &ctx.upstream_tried);
-        ctx.upstream_tried.push(server.addr);
-        let cfg = &pool.config;
-        let sni = match (cfg.tls, cfg.sni.is_empty()) {
-            (false, _) => String::new(),
-            (true, true) => server.addr.ip().to_string(),
-            (true, false) => cfg.sni.clone(),
-        };
-        let mut peer = HttpPeer::new(server.addr, cfg.tls, sni);
-        if cfg.tls {
-            // `ca_file`, `client_cert` (DESIGN §20): shared, built at config load.
-            gateway.peer_tls[upstream].apply(&mut peer);
-        }
-        if cfg.protocol == UpstreamProtocol::H2 {
-            // HTTP/2 only: ALPN h2 over TLS; without TLS, Pingora's connector speaks
-            // prior-knowledge h2c to a peer whose lowest version is 2.
-            peer.options.alpn = ALPN::H2;
-            peer.options.max_h2_streams = H2_STREAMS_PER_UPSTREAM_CONNECTION;
-        }
-        peer.options.connection_timeout = Some(cfg.connect_timeout);
-        peer.options.total_connection_timeout = Some(cfg.connect_timeout);
-        peer.options.read_timeout = Some(cfg.read_timeout);
-        peer.options.idle_timeout = Some(cfg.keepalive_timeout);
+        let (addr, peer) = upstream.peer(ctx.client_ip, &ctx.upstream_tried);
+        ctx.upstream_tried.push(addr);
         ctx.upstream_started.get_or_insert_with(Instant::now);
-        Ok(Box::new(peer))
+        Ok(peer)
     }
 
     fn fail_to_connect(
@@ -591,7 +565,7 @@ impl ProxyHttp for Proxy {
             return e;
         };
         if let Target::Upstream(upstream) = gateway.config.routes[route].target {
-            let pool = &gateway.pools[upstream];
+            let pool = &gateway.upstreams[upstream].pool;
             if let Some(addr) = peer.address().as_inet() {
                 pool.report(*addr, false);
             }
@@ -870,7 +844,7 @@ impl ProxyHttp for Proxy {
         if let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route) {
             if let Target::Upstream(u) = gateway.config.routes[r].target {
                 if let (Some(addr), Some(ok)) = (ctx.upstream_tried.last(), upstream::outcome(e)) {
-                    gateway.pools[u].report(*addr, ok);
+                    gateway.upstreams[u].pool.report(*addr, ok);
                 }
                 m.upstream_duration
                     .with_label_values(&[&gateway.config.upstreams[u].name])

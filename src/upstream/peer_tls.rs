@@ -14,7 +14,7 @@ use pingora::protocols::tls::CaType;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::utils::tls::{parse_x509, CertKey, WrappedX509};
 
-use crate::config::{Config, UpstreamTls};
+use crate::config::UpstreamTls;
 
 /// One upstream's TLS material, ready for its peers.
 #[derive(Clone, Default)]
@@ -25,15 +25,6 @@ pub struct PeerTls {
 }
 
 impl PeerTls {
-    /// One per upstream of `config`, aligned with `config.upstreams`.
-    pub fn of_config(config: &Config) -> Vec<PeerTls> {
-        config
-            .upstreams
-            .iter()
-            .map(|u| PeerTls::new(&u.tls_files))
-            .collect()
-    }
-
     /// The files were parsed and checked when the config was read (`config::upstream_tls`):
     /// what Pingora would panic on (an unparseable certificate) cannot reach it.
     pub fn new(files: &UpstreamTls) -> PeerTls {

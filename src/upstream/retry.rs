@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use prometheus::IntCounter;
 
-use crate::config::{Config, Retries, RetryOn, Upstream};
+use crate::config::{Retries, RetryOn, Upstream};
 use crate::metrics::Metrics;
 
 /// One upstream's retry policy and what is in flight to it now.
@@ -26,16 +26,8 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// One per upstream of `config` (aligned with `config.upstreams`), `None` where it has no
-    /// `retries`; primes the series of each reason in `on`.
-    pub fn of_config(config: &Config, metrics: &Metrics) -> Vec<Option<Arc<Budget>>> {
-        config
-            .upstreams
-            .iter()
-            .map(|u| Budget::new(u, metrics).map(Arc::new))
-            .collect()
-    }
-
+    /// `upstream`'s budget, `None` where it has no `retries`; primes the series of each
+    /// reason in `on`.
     pub fn new(upstream: &Upstream, metrics: &Metrics) -> Option<Budget> {
         let policy = upstream.retries.clone()?;
         let counted = RetryOn::ALL.map(|reason| {
@@ -51,10 +43,6 @@ impl Budget {
             retrying: AtomicU64::new(0),
             counted,
         })
-    }
-
-    pub fn policy(&self) -> &Retries {
-        &self.policy
     }
 
     /// A request to this upstream starts: in flight until the returned `Tries` is dropped.

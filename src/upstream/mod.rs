@@ -1,0 +1,102 @@
+//! The upstream side (DESIGN §20): each configured upstream as one owner, `Upstream`, of
+//! its server pool (`pool`: selection and passive health, with `pool::health`, the active
+//! checks, and `pool::resolve`, names asked again on an interval), its TLS material for peers (`peer_tls`)
+//! and its retry budget (`retry`). The proxy asks it for one thing per try: `peer()`.
+
+mod peer_tls;
+mod pool;
+mod retry;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use pingora::protocols::ALPN;
+use pingora::upstreams::peer::HttpPeer;
+
+use crate::config::{self, Config, UpstreamProtocol};
+use crate::metrics::Metrics;
+
+use peer_tls::PeerTls;
+use retry::Budget;
+
+pub use pool::{outcome, pools, Pool};
+pub use retry::Tries;
+
+/// Concurrent requests multiplexed on one HTTP/2 connection to an upstream before another
+/// is opened (Pingora's default is 1, which would make h2 upstreams one connection per stream).
+const H2_STREAMS_PER_UPSTREAM_CONNECTION: usize = 100;
+
+/// One upstream of the config and everything a request to it needs.
+pub struct Upstream {
+    pub pool: Arc<Pool>,
+    /// `ca_file` and client certificate for its peers, built once per config load.
+    tls: PeerTls,
+    /// `retries`: its budget, `None` without.
+    retries: Option<Arc<Budget>>,
+}
+
+impl Upstream {
+    /// The upstreams of `config`, in `config.upstreams` order, over its `pools` (built
+    /// first, since resolving can fail); primes the retry series of each.
+    pub fn all(config: &Config, pools: Vec<Arc<Pool>>, metrics: &Metrics) -> Vec<Arc<Upstream>> {
+        config
+            .upstreams
+            .iter()
+            .zip(pools)
+            .map(|(u, pool)| {
+                Arc::new(Upstream {
+                    pool,
+                    tls: PeerTls::new(&u.tls_files),
+                    retries: Budget::new(u, metrics).map(Arc::new),
+                })
+            })
+            .collect()
+    }
+
+    pub fn config(&self) -> &config::Upstream {
+        &self.pool.config
+    }
+
+    /// A request to this upstream starts its tries (`None` without `retries`): counted in
+    /// flight in the budget until the `Tries` is dropped.
+    pub fn tries(&self) -> Option<Tries> {
+        self.retries.as_ref().map(Budget::enter)
+    }
+
+    /// The peer of one try: a server never in `tried` while another is left, with the
+    /// upstream's TLS, protocol and timeouts.
+    pub fn peer(&self, client_ip: IpAddr, tried: &[SocketAddr]) -> (SocketAddr, Box<HttpPeer>) {
+        let server = self.pool.pick(client_ip, tried);
+        let cfg = &self.pool.config;
+        let sni = match (cfg.tls, cfg.sni.is_empty()) {
+            (false, _) => String::new(),
+            (true, true) => server.addr.ip().to_string(),
+            (true, false) => cfg.sni.clone(),
+        };
+        let mut peer = HttpPeer::new(server.addr, cfg.tls, sni);
+        if cfg.tls {
+            // `ca_file`, `client_cert` (DESIGN §20): shared, built at config load.
+            self.tls.apply(&mut peer);
+        }
+        if cfg.protocol == UpstreamProtocol::H2 {
+            // HTTP/2 only: ALPN h2 over TLS; without TLS, Pingora's connector speaks
+            // prior-knowledge h2c to a peer whose lowest version is 2.
+            peer.options.alpn = ALPN::H2;
+            peer.options.max_h2_streams = H2_STREAMS_PER_UPSTREAM_CONNECTION;
+        }
+        peer.options.connection_timeout = Some(cfg.connect_timeout);
+        peer.options.total_connection_timeout = Some(cfg.connect_timeout);
+        peer.options.read_timeout = Some(cfg.read_timeout);
+        peer.options.idle_timeout = Some(cfg.keepalive_timeout);
+        (server.addr, Box::new(peer))
+    }
+}
+
+/// Puts `new` (a config load) in service after `old`: the old pools stop checking and
+/// writing gauges, then the new ones start their health checks and re-resolving.
+pub fn hand_over(old: &[Arc<Upstream>], new: &[Arc<Upstream>], metrics: &Metrics) {
+    let pools = |u: &[Arc<Upstream>]| u.iter().map(|u| u.pool.clone()).collect::<Vec<_>>();
+    let new_pools = pools(new);
+    pool::hand_over(&pools(old), &new_pools, metrics);
+    pool::start(&new_pools);
+}
