@@ -77,7 +77,7 @@ impl Gateway {
         );
         crate::auth::prime_metrics(&metrics, &config, previous_config);
         Ok(Gateway {
-            routes: RouteIndex::new(config.proxy_routes()),
+            routes: RouteIndex::new(config.proxy_routes(), config.server.case_insensitive_paths),
             config,
             upstreams,
             limiter,

@@ -311,3 +311,126 @@ fn http2_requests_are_normalised_alike() {
     );
     assert_eq!(up.hits(), 0);
 }
+
+/// How the most lenient upstreams read a path (DESIGN §21): Node's URL parser, browsers and
+/// IIS take `\` for `/`; servlet containers drop each segment's `;parameters` and then the
+/// dot segments, before they map the path.
+fn lenient_reading(path: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let slashed = path.replace('\\', "/");
+    for segment in slashed.split('/').skip(1) {
+        match segment.split(';').next().unwrap_or_default() {
+            "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s),
+        }
+    }
+    format!("/{}", out.join("/"))
+}
+
+#[test]
+fn a_backslash_in_the_path_is_400() {
+    let up = EchoUpstream::start();
+    let s = Sluice::start(&config("", up.addr));
+    for target in [
+        "/v1\\x",
+        "/static\\..\\v1\\x",
+        "/open/..\\v1/x",
+        "/v1/x\\?q=1",
+    ] {
+        // What the route would protect, read as the upstream reads it.
+        assert!(lenient_reading(target.split('?').next().unwrap_or_default()).starts_with("/v1/"));
+        let r = raw_get(s.addr, target, &[("x-api-key", KEY)]);
+        assert_eq!(r.status, 400, "{target}: {} {}", r.status, r.body);
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/problem+json"),
+            "{target}"
+        );
+        assert!(r.body.contains("backslash"), "{target}: {}", r.body);
+    }
+    assert_eq!(up.hits(), 0, "a path with a backslash reached the upstream");
+}
+
+#[test]
+fn path_parameters_do_not_walk_past_a_route() {
+    let up = EchoUpstream::start();
+    let s = Sluice::start(&config("", up.addr));
+    let targets = [
+        "/v1;x/x",
+        "/static/..;/v1/x",
+        "/v1;a=1/./x;b",
+        "/open/..;/..;/v1/x",
+    ];
+    for target in targets {
+        assert!(lenient_reading(target).starts_with("/v1/"), "{target}");
+        let r = raw_get(s.addr, target, &[]);
+        assert_eq!(r.status, 401, "{target}: {} {}", r.status, r.body);
+    }
+    assert_eq!(
+        up.hits(),
+        0,
+        "a path with parameters reached /v1/'s upstream without a key"
+    );
+    // With the key they pass, and the upstream gets the path as normalised, parameters kept.
+    let r = raw_get(s.addr, "/static/..;/v1/x", &[("x-api-key", KEY)]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(upstream_target(&r), "/static/..;/v1/x");
+    let r = raw_get(s.addr, "/v1;a=1/./x;b", &[("x-api-key", KEY)]);
+    assert_eq!(upstream_target(&r), "/v1;a=1/x;b");
+}
+
+#[test]
+fn an_exact_routes_limit_holds_with_a_trailing_slash_or_parameters() {
+    let up = EchoUpstream::start();
+    let template = format!(
+        "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\n\
+         [admin]\nlisten = \"{{admin}}\"\n\
+         [policies.login]\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nkey = [\"client_ip\"]\n\
+         [upstreams.up]\nservers = [\"{}\"]\n\
+         [[routes]]\nname = \"login\"\npath = \"/login\"\nupstream = \"up\"\npolicies = [\"login\"]\n\
+         [[routes]]\nname = \"open\"\nupstream = \"up\"\n",
+        up.addr
+    );
+    let s = Sluice::start(&template);
+    assert_eq!(raw_get(s.addr, "/login", &[]).status, 200);
+    assert_eq!(raw_get(s.addr, "/login", &[]).status, 200);
+    for target in [
+        "/login",
+        "/login/",
+        "/login;jsessionid=N",
+        "/x/..;/login;a/",
+    ] {
+        assert_eq!(lenient_reading(target).trim_end_matches('/'), "/login");
+        let r = raw_get(s.addr, target, &[]);
+        assert_eq!(
+            r.status, 429,
+            "{target} skipped /login's spent limit: {}",
+            r.body
+        );
+    }
+    // A longer path is another route's.
+    assert_eq!(raw_get(s.addr, "/login/x", &[]).status, 200);
+    assert_eq!(up.hits(), 3);
+}
+
+#[test]
+fn case_insensitive_paths_match_routes_in_any_case() {
+    let up = EchoUpstream::start();
+    // By default a path's case counts: `/V1/x` is the open catch-all's.
+    let s = Sluice::start(&config("", up.addr));
+    assert_eq!(raw_get(s.addr, "/V1/x", &[]).status, 200);
+    drop(s);
+    let s = Sluice::start(&config("case_insensitive_paths = true", up.addr));
+    for target in ["/V1/x", "/v1/X", "/%56%31/x", "/V1;x/x"] {
+        let r = raw_get(s.addr, target, &[]);
+        assert_eq!(r.status, 401, "{target}: {}", r.body);
+    }
+    // The upstream still gets the path in the case it was sent.
+    let r = raw_get(s.addr, "/V1/X", &[("x-api-key", KEY)]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(upstream_target(&r), "/V1/X");
+    assert_eq!(up.hits(), 2);
+}

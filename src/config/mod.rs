@@ -215,6 +215,9 @@ fn build(p: &Problems, root: &Spanned<Node>, dir: &Path) -> Option<Config> {
         None => Vec::new(),
     };
     let server = server?;
+    if server.case_insensitive_paths {
+        routes::ignore_path_case(&mut routes);
+    }
     // Entries that failed their checks were reported already.
     let no_entries = match certificates_node.map(|n| &n.value) {
         Some(Node::Array(items)) => items.is_empty(),

@@ -152,6 +152,22 @@ pub(super) fn routes(
     out
 }
 
+/// `[server] case_insensitive_paths` (DESIGN §21): each `path_regex` matches with case
+/// ignored (exact paths and prefixes are lower-cased by the route index).
+pub(super) fn ignore_path_case(routes: &mut [Route]) {
+    for route in routes {
+        if let PathMatch::Regex(re) = &route.path {
+            let ignoring = regex::RegexBuilder::new(re.as_str())
+                .case_insensitive(true)
+                .build();
+            // It compiled once; the same pattern with a flag compiles again.
+            if let Ok(re) = ignoring {
+                route.path = PathMatch::Regex(re);
+            }
+        }
+    }
+}
+
 fn route(
     p: &Problems,
     t: &Table,

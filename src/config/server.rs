@@ -42,6 +42,8 @@ pub struct Server {
     pub merge_slashes: bool,
     /// What a path's `%2F` or `%5C` (an encoded slash or backslash) gets (DESIGN §17).
     pub escaped_slashes: EscapedSlashes,
+    /// Routes match paths with ASCII case ignored (DESIGN §21), for upstreams that do.
+    pub case_insensitive_paths: bool,
     /// `resolvers`: the DNS servers of upstreams with `resolve` (DESIGN §20); empty: those of
     /// /etc/resolv.conf.
     pub resolvers: Vec<SocketAddr>,
@@ -182,6 +184,7 @@ pub(super) fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
             ],
         )
         .unwrap_or(EscapedSlashes::Keep);
+    let case_insensitive_paths = t.bool("case_insensitive_paths").unwrap_or(false);
     if h2c && !has_plain {
         p.at(
             &t.key_span("h2c"),
@@ -207,6 +210,7 @@ pub(super) fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
         request_id,
         merge_slashes,
         escaped_slashes,
+        case_insensitive_paths,
         resolvers,
         deny,
     })

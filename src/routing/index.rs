@@ -50,6 +50,11 @@ impl PathIndex {
         if let Some(ids) = self.exact.get(path) {
             first_of(ids);
         }
+        // An exact path also matches with one trailing slash (DESIGN §21).
+        let trimmed = path.strip_suffix('/').filter(|p| !p.is_empty());
+        if let Some(ids) = trimmed.and_then(|p| self.exact.get(p)) {
+            first_of(ids);
+        }
         for &len in &self.prefix_lengths {
             let Some(prefix) = path.get(..len) else { break };
             if let Some(ids) = self.prefixes.get(prefix) {
@@ -83,6 +88,9 @@ fn push(ids: &mut Ids, id: u32) {
 /// Every route of a config, indexed; built once per config.
 #[derive(Default)]
 pub struct RouteIndex {
+    /// `[server] case_insensitive_paths`: exact paths and prefixes are kept, and paths
+    /// matched, in ASCII lower case (regexes were built case-insensitive by the config).
+    case_insensitive: bool,
     exact_hosts: HashMap<Box<str>, PathIndex>,
     /// `*.example.org` routes by ".example.org".
     suffix_hosts: HashMap<Box<str>, PathIndex>,
@@ -92,12 +100,27 @@ pub struct RouteIndex {
 }
 
 impl RouteIndex {
-    pub fn new(routes: &[Route]) -> RouteIndex {
-        let mut index = RouteIndex::default();
+    pub fn new(routes: &[Route], case_insensitive: bool) -> RouteIndex {
+        let mut index = RouteIndex {
+            case_insensitive,
+            ..RouteIndex::default()
+        };
         for (id, route) in routes.iter().enumerate() {
             let id = id as u32;
+            let lowered;
+            let path = match &route.path {
+                PathMatch::Exact(p) if case_insensitive => {
+                    lowered = PathMatch::Exact(p.to_ascii_lowercase());
+                    &lowered
+                }
+                PathMatch::Prefix(p) if case_insensitive => {
+                    lowered = PathMatch::Prefix(p.to_ascii_lowercase());
+                    &lowered
+                }
+                path => path,
+            };
             if route.hosts.is_empty() {
-                index.any_host.add(id, &route.path);
+                index.any_host.add(id, path);
             }
             for host in &route.hosts {
                 match host {
@@ -105,13 +128,13 @@ impl RouteIndex {
                         .exact_hosts
                         .entry(h.as_str().into())
                         .or_default()
-                        .add(id, &route.path),
+                        .add(id, path),
                     HostMatch::Suffix(s) => {
                         index
                             .suffix_hosts
                             .entry(s.as_str().into())
                             .or_default()
-                            .add(id, &route.path);
+                            .add(id, path);
                         if let Err(at) = index.suffix_lengths.binary_search(&s.len()) {
                             index.suffix_lengths.insert(at, s.len());
                         }
@@ -124,8 +147,9 @@ impl RouteIndex {
 
     /// The first route (in config order) whose hosts, path, methods, scheme and
     /// `client_ips` fit: what `super::match_route` answers. `host` is lower-case without
-    /// port; `client` is the client address of DESIGN §2.1. A route with `client_ips` is a
-    /// candidate like any other, checked by that condition: no route is scanned for it.
+    /// port; `path` is normal (DESIGN §17), matched in its `match_form` (§21); `client` is
+    /// the client address of DESIGN §2.1. A route with `client_ips` is a candidate like any
+    /// other, checked by that condition: no route is scanned for it.
     pub fn find(
         &self,
         routes: &[Route],
@@ -135,6 +159,7 @@ impl RouteIndex {
         scheme: Scheme,
         client: IpAddr,
     ) -> Option<usize> {
+        let path = &*super::match_form(path, self.case_insensitive);
         let req = (method, scheme, client);
         let mut best = u32::MAX;
         if let Some(index) = self.exact_hosts.get(host) {
@@ -255,7 +280,7 @@ mod tests {
             let mut rng = Rng(seed * 0x9E37_79B9_7F4A_7C15);
             let n = 1 + (rng.next() % 40) as usize;
             let routes = random_config(&mut rng, n);
-            let index = RouteIndex::new(&routes);
+            let index = RouteIndex::new(&routes, false);
             for host in HOSTS.iter().chain(&["q.c.example", "other", "a.test.evil"]) {
                 for path in PATHS.iter().chain(&["/v1/users/42/x", "/hellox"]) {
                     for method in METHODS {

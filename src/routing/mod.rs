@@ -1,12 +1,12 @@
 //! Matching a request to the first route whose hosts, path, methods, scheme and client
 //! addresses all fit: the plain scan states the rule, `index` answers it at a cost that does
-//! not grow with the config; `path` gives the one spelling of a path that routes match
-//! (DESIGN §17).
+//! not grow with the config; `path` gives the one spelling of a path (DESIGN §17) and the
+//! form routes match it in (§21: without `;parameters`, optionally case-insensitive).
 
 mod index;
 mod path;
 pub use index::RouteIndex;
-pub use path::{normalize_path, PathError};
+pub use path::{match_form, normalize_path, PathError};
 
 use std::net::IpAddr;
 
@@ -16,8 +16,9 @@ use crate::config::{HostMatch, PathMatch, Route, Scheme};
 pub const UNMATCHED: &str = "unmatched";
 
 /// Index of the first matching route, by scanning them all: the meaning of routing, which
-/// `RouteIndex` must answer exactly. `host` is lower-case without port; `client` is the
-/// client address of DESIGN §2.1.
+/// `RouteIndex` must answer exactly (case-sensitive). `host` is lower-case without port;
+/// `path` is normal (DESIGN §17) and matched in its `match_form`; `client` is the client
+/// address of DESIGN §2.1.
 pub fn match_route(
     routes: &[Route],
     host: &str,
@@ -26,6 +27,7 @@ pub fn match_route(
     scheme: Scheme,
     client: IpAddr,
 ) -> Option<usize> {
+    let path = &*match_form(path, false);
     routes.iter().position(|r| {
         (r.hosts.is_empty() || r.hosts.iter().any(|h| host_matches(h, host)))
             && path_matches(&r.path, path)
@@ -52,7 +54,8 @@ fn host_matches(pattern: &HostMatch, host: &str) -> bool {
 fn path_matches(pattern: &PathMatch, path: &str) -> bool {
     match pattern {
         PathMatch::Any => true,
-        PathMatch::Exact(p) => p == path,
+        // An exact path also matches with one trailing slash (DESIGN §21): `/login/` is `/login`.
+        PathMatch::Exact(p) => p == path || path.strip_suffix('/') == Some(p.as_str()),
         PathMatch::Prefix(p) => path.starts_with(p.as_str()),
         PathMatch::Regex(re) => re.is_match(path),
     }
@@ -114,7 +117,9 @@ respond = { status = 200 }
         assert_eq!(match_route(&r, "x", "/users/42", "POST"), Some(1));
         assert_eq!(match_route(&r, "x", "/users/4a", "GET"), None);
         assert_eq!(match_route(&r, "x", "/hello", "GET"), Some(2));
-        assert_eq!(match_route(&r, "x", "/hello/", "GET"), None);
+        assert_eq!(match_route(&r, "x", "/hello/", "GET"), Some(2));
+        assert_eq!(match_route(&r, "x", "/hello//", "GET"), None);
+        assert_eq!(match_route(&r, "x", "/hello;jsessionid=1", "GET"), Some(2));
     }
 
     #[test]
@@ -133,7 +138,7 @@ path_prefix = "/"
 respond = { status = 200 }
 "#;
         let routes = config::parse("t.toml", text).expect("valid").routes;
-        let index = RouteIndex::new(&routes);
+        let index = RouteIndex::new(&routes, false);
         for (client, expected) in [
             ("10.20.30.40", Some(0)),
             ("2001:db8::5", Some(0)),

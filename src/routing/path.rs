@@ -1,6 +1,7 @@
 //! One path, one spelling (DESIGN §17): the normal form of a request path, which routes,
 //! keys and the upstream all see, so that no other spelling of a path can reach a route's
-//! upstream past the route's own rules.
+//! upstream past the route's own rules; and the form routes match it in (DESIGN §21), as
+//! the most lenient upstream reads it.
 
 use std::borrow::Cow;
 
@@ -13,6 +14,8 @@ pub enum PathError {
     AboveRoot,
     /// `%2F` or `%5C` with `escaped_slashes = "reject"`.
     EscapedSlash,
+    /// A raw `\`: not a URI character, and read as `/` by Node, browsers and IIS.
+    Backslash,
 }
 
 impl PathError {
@@ -21,6 +24,7 @@ impl PathError {
         match self {
             PathError::AboveRoot => "the path climbs above the root with `..`",
             PathError::EscapedSlash => "the path holds an encoded slash or backslash (%2F, %5C)",
+            PathError::Backslash => "the path holds a backslash, which is not a URI character",
         }
     }
 }
@@ -30,8 +34,9 @@ impl PathError {
 /// of every other escape upper-cased (RFC 3986 6.2.2.1), a `%` that starts no escape
 /// written `%25`, dot segments removed (RFC 3986 5.2.4), and with `merge_slashes` repeated
 /// slashes merged. An encoded slash or backslash is never decoded: it is kept, or refused
-/// with `EscapedSlashes::Reject`. A path that does not start with `/` (`*`, a CONNECT
-/// authority) is not a path to normalise and comes back as it is.
+/// with `EscapedSlashes::Reject`; a raw backslash is always refused (DESIGN §21). A path
+/// that does not start with `/` (`*`, a CONNECT authority) is not a path to normalise and
+/// comes back as it is.
 ///
 /// A path that is already normal (no `%`, no dot segment, no `//` when merging) is
 /// borrowed, not copied.
@@ -43,6 +48,9 @@ pub fn normalize_path(
     if !path.starts_with('/') || is_normal(path.as_bytes(), merge_slashes) {
         return Ok(Cow::Borrowed(path));
     }
+    if path.contains('\\') {
+        return Err(PathError::Backslash);
+    }
     if escaped_slashes == EscapedSlashes::Reject && has_escaped_slash(path.as_bytes()) {
         return Err(PathError::EscapedSlash);
     }
@@ -50,13 +58,13 @@ pub fn normalize_path(
     remove_dot_segments(&decoded, merge_slashes).map(Cow::Owned)
 }
 
-/// Whether `path` (starting with `/`) is its own normal form and holds no `%`: one pass,
-/// no allocation.
+/// Whether `path` (starting with `/`) is its own normal form and holds no `%` and no `\`:
+/// one pass, no allocation.
 fn is_normal(path: &[u8], merge_slashes: bool) -> bool {
     let mut start = 1;
     for i in 1..=path.len() {
         match path.get(i) {
-            Some(b'%') => return false,
+            Some(b'%' | b'\\') => return false,
             Some(b'/') | None => {
                 let segment = &path[start..i];
                 let last = i == path.len();
@@ -170,6 +178,49 @@ fn remove_dot_segments(path: &str, merge_slashes: bool) -> Result<String, PathEr
     Ok(out)
 }
 
+/// The form routes match a normal path in (DESIGN §21): each segment's `;parameters`
+/// removed, as servlet containers do before mapping, and the dot segments that uncovers
+/// removed again (`/static/..;/admin` is `/admin`, never above the root); with
+/// `case_insensitive`, in ASCII lower case. Only matching reads it: keys and the upstream
+/// get the normal form, parameters kept. A path with neither is borrowed, not copied.
+pub fn match_form(path: &str, case_insensitive: bool) -> Cow<'_, str> {
+    let mut form = if path.starts_with('/') && path.contains(';') {
+        Cow::Owned(without_parameters(path))
+    } else {
+        Cow::Borrowed(path)
+    };
+    if case_insensitive && form.bytes().any(|b| b.is_ascii_uppercase()) {
+        form.to_mut().make_ascii_lowercase();
+    }
+    form
+}
+
+/// `path` (starting with `/`) with `;` to the end of each segment dropped and dot segments
+/// removed, a `..` at the root staying there.
+fn without_parameters(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut segments = path[1..].split('/').peekable();
+    while let Some(segment) = segments.next() {
+        let segment = segment.split_once(';').map_or(segment, |(name, _)| name);
+        match segment {
+            "." => {}
+            ".." => out.truncate(out.rfind('/').unwrap_or(0)),
+            _ => {
+                out.push('/');
+                out.push_str(segment);
+                continue;
+            }
+        }
+        if segments.peek().is_none() {
+            out.push('/');
+        }
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +289,31 @@ mod tests {
         }
         assert_eq!(reject("/a%2Eb").as_deref(), Ok("/a.b"));
         assert_eq!(reject("/a%252Fb").as_deref(), Ok("/a%252Fb"));
+    }
+
+    #[test]
+    fn a_raw_backslash_is_refused() {
+        for path in ["/admin\\users", "/static\\..\\admin\\users", "/a/%41\\"] {
+            assert_eq!(norm(path), Err(PathError::Backslash), "{path}");
+        }
+    }
+
+    #[test]
+    fn routes_match_without_parameters_and_the_dots_they_hid() {
+        let form = |p| match_form(p, false).into_owned();
+        assert_eq!(form("/admin;x/users"), "/admin/users");
+        assert_eq!(form("/static/..;/admin/users"), "/admin/users");
+        assert_eq!(form("/login;jsessionid=N"), "/login");
+        assert_eq!(form("/..;/..;/admin"), "/admin");
+        assert_eq!(form("/a/b/..;"), "/a/");
+        assert_eq!(form("/a;x/"), "/a/");
+        assert_eq!(form("/;x"), "/");
+        assert!(matches!(
+            match_form("/admin/users", false),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(match_form("/Admin;x/Users", true), "/admin/users");
+        assert!(matches!(match_form("/admin/users", true), Cow::Borrowed(_)));
     }
 
     #[test]
@@ -331,10 +407,10 @@ mod tests {
         prop::collection::vec(piece, 0..24).prop_map(|pieces| format!("/{}", pieces.concat()))
     }
 
-    /// The same, without anything that is or decodes to a dot.
+    /// The same, without anything that is or decodes to a dot, and without a backslash.
     fn dotless_path() -> impl Strategy<Value = String> {
         hostile_path().prop_filter("no dots", |p| {
-            !p.contains('.') && !p.to_ascii_uppercase().contains("%2E")
+            !p.contains('.') && !p.to_ascii_uppercase().contains("%2E") && !p.contains('\\')
         })
     }
 
@@ -397,10 +473,25 @@ mod tests {
         fn reject_refuses_exactly_the_paths_with_escaped_slashes(path in hostile_path()) {
             let kept = normalize_path(&path, true, EscapedSlashes::Keep);
             let rejected = normalize_path(&path, true, EscapedSlashes::Reject);
-            if has_escaped_slash(path.as_bytes()) {
+            if path.contains('\\') {
+                prop_assert_eq!(rejected, Err(PathError::Backslash));
+                prop_assert_eq!(kept, Err(PathError::Backslash));
+            } else if has_escaped_slash(path.as_bytes()) {
                 prop_assert_eq!(rejected, Err(PathError::EscapedSlash));
             } else {
                 prop_assert_eq!(rejected, kept);
+            }
+        }
+
+        #[test]
+        fn the_match_form_has_no_parameters_and_never_climbs(path in hostile_path()) {
+            if let Ok(normal) = normalize_path(&path, false, EscapedSlashes::Keep) {
+                let form = match_form(&normal, false);
+                prop_assert!(form.starts_with('/'), "{} from {}", form, normal);
+                prop_assert!(!form.contains(';'), "{} from {}", form, normal);
+                for segment in form[1..].split('/') {
+                    prop_assert!(segment != "." && segment != "..", "{} from {}", form, normal);
+                }
             }
         }
 
