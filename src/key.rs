@@ -189,7 +189,10 @@ fn push_part(out: &mut Vec<u8>, part: &KeyPart, req: &RequestFacts) -> Option<()
         }
         KeyPart::Query(name) => out.extend_from_slice(query_param(req.query?, name)?.as_bytes()),
         KeyPart::Cookie(name) => out.extend_from_slice(cookie(req.headers, name)?),
-        KeyPart::Path => out.extend_from_slice(req.path.as_bytes()),
+        // As routes read it (DESIGN §21): `/login;jsessionid=N` is `/login`'s key.
+        KeyPart::Path => {
+            out.extend_from_slice(crate::routing::match_form(req.path, false).as_bytes())
+        }
         KeyPart::Method => out.extend_from_slice(req.method.as_bytes()),
         KeyPart::Host => out.extend_from_slice(req.host.as_bytes()),
         KeyPart::Route => out.extend_from_slice(req.route.as_bytes()),

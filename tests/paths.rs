@@ -251,6 +251,9 @@ fn a_per_path_limit_counts_every_spelling_as_one_path() {
         "//v1/x",
         "/v1/y/../x",
         "/v1/%78?fresh=1",
+        "/v1;a=1/x",
+        "/v1/x;jsessionid=N",
+        "/static/..;/v1/x",
     ] {
         let r = raw_get(s.addr, target, &[]);
         assert_eq!(
