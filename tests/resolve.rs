@@ -212,3 +212,74 @@ upstream = "plain"
         !metrics.contains("sluice_upstream_resolve_total{result=\"unchanged\",upstream=\"plain\"}")
     );
 }
+
+#[test]
+fn a_name_that_leads_nowhere_or_inside_is_refused_its_other_addresses_kept() {
+    let (two, _three, port) = two_servers();
+    let dns = DnsServer::start();
+    // 0.0.0.0 at any port is sluice itself (or nothing); 169.254.169.254 is cloud metadata.
+    dns.set("api.test", &[Ipv4Addr::UNSPECIFIED, TWO], 0);
+    let s = Sluice::start(&config(
+        &dns,
+        &format!("[upstreams.api]\nservers = [\"api.test:{port}\"]\nresolve = \"1s\""),
+    ));
+    for _ in 0..6 {
+        assert_eq!(served_by(&s), "two");
+    }
+    let metrics = s.metrics();
+    assert!(
+        !metrics.contains("@0.0.0.0"),
+        "0.0.0.0 is a server:\n{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_upstream_resolve_total{result=\"refused\",upstream=\"api\"} 0"),
+        "{metrics}"
+    );
+    assert!(s.stderr().contains("resolves to 0.0.0.0"), "{}", s.stderr());
+    // An answer of refused addresses only: the name keeps its last address.
+    dns.set("api.test", &[Ipv4Addr::new(169, 254, 169, 254)], 0);
+    assert!(
+        s.wait_for(WAIT, || resolves(&s, "refused") >= 1.0),
+        "{}",
+        s.stderr()
+    );
+    assert_eq!(served_by(&s), "two");
+    assert!(!s.metrics().contains("169.254"));
+    assert!(two.hits() >= 7);
+}
+
+#[test]
+fn a_name_for_sluices_own_listener_does_not_start() {
+    let dir = common::TempDir::new();
+    let admin = common::free_port();
+    let listen = common::free_port();
+    let config = dir.0.join("sluice.toml");
+    // `localhost` at the admin port would serve /metrics on the public listener.
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:{listen}\"]\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n\
+             [upstreams.api]\nservers = [\"localhost:{admin}\"]\n\
+             [[routes]]\nname = \"all\"\nupstream = \"api\"\n"
+        ),
+    )
+    .expect("write config");
+    let out = std::process::Command::new(common::SLUICE)
+        .args(["run", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run sluice");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "sluice started: {stderr}");
+    assert!(
+        stderr.contains("cannot resolve server localhost") && stderr.contains("refused"),
+        "{stderr}"
+    );
+    // Written as an address, it is the operator's choice (the quick start proxies to its
+    // own admin listener so).
+    let s = Sluice::start(
+        "[server]\nlisten = [\"{listen}\"]\naccess_log = \"off\"\n[admin]\nlisten = \"{admin}\"\n\
+         [upstreams.api]\nservers = [\"{admin}\"]\n[[routes]]\nname = \"all\"\nupstream = \"api\"\n",
+    );
+    assert_eq!(s.get("/healthz").status, 200);
+}

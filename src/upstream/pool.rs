@@ -48,7 +48,11 @@ mod health;
 mod resolve;
 
 use health::{probe_targets, Probe, ProbeTarget};
-use resolve::Dns;
+use resolve::{Dns, Inside};
+
+/// Why a name whose every address was refused does not resolve (after "cannot resolve
+/// server NAME").
+const REFUSED: &str = ": every address it resolves to is refused (see the log)";
 
 pub struct Server {
     pub addr: SocketAddr,
@@ -132,15 +136,19 @@ pub struct Pool {
 /// The pools of `config`, in `config.upstreams` order. The DNS client of `resolve` is built
 /// only when an upstream has it (one per config: a reload reads `resolvers` again).
 pub async fn pools(config: &Config, metrics: &Metrics) -> Result<Vec<Arc<Pool>>, String> {
+    let inside = Inside::of(config);
     let dns = if config.upstreams.iter().any(|u| u.resolve.is_some()) {
-        Some(Arc::new(Dns::new(&config.server.resolvers)?))
+        Some(Arc::new(Dns::new(
+            &config.server.resolvers,
+            inside.clone(),
+        )?))
     } else {
         None
     };
     let mut pools = Vec::with_capacity(config.upstreams.len());
     for upstream in &config.upstreams {
         pools.push(Arc::new(
-            Pool::resolve(upstream, dns.clone(), metrics).await?,
+            Pool::resolve(upstream, dns.clone(), &inside, metrics).await?,
         ));
     }
     Ok(pools)
@@ -149,10 +157,13 @@ pub async fn pools(config: &Config, metrics: &Metrics) -> Result<Vec<Arc<Pool>>,
 impl Pool {
     /// Resolves every server name once; a name that does not resolve is an error. Without
     /// `resolve` a name is the first address the system resolver gives (/etc/hosts
-    /// included); with it, every A and AAAA address `dns` finds, each a server.
+    /// included); with it, every A and AAAA address `dns` finds, each a server. Either way
+    /// a name's addresses that `inside` refuses are dropped; a name left with none is an
+    /// error.
     pub async fn resolve(
         config: &Upstream,
         dns: Option<Arc<Dns>>,
+        inside: &Inside,
         metrics: &Metrics,
     ) -> Result<Pool, String> {
         let cannot = |name: &str, e: &dyn std::fmt::Display| {
@@ -164,20 +175,32 @@ impl Pool {
             (Some(every), Some(dns)) => {
                 let mut valid_until: Option<Instant> = None;
                 for (i, name) in config.servers.iter().enumerate() {
-                    let (addrs, until) = dns.lookup(name).await.map_err(|e| cannot(name, &e))?;
-                    found.extend(addrs.into_iter().map(|a| (i, a)));
-                    valid_until = resolve::earliest(valid_until, until);
+                    let answer = dns
+                        .lookup(&config.name, name)
+                        .await
+                        .map_err(|e| cannot(name, &e))?;
+                    if answer.addrs.is_empty() {
+                        return Err(cannot(name, &REFUSED));
+                    }
+                    found.extend(answer.addrs.into_iter().map(|a| (i, a)));
+                    valid_until = resolve::earliest(valid_until, answer.until);
                 }
                 resolving = Some(resolve::Resolving::new(dns, every, valid_until, metrics));
             }
             _ => {
                 for (i, name) in config.servers.iter().enumerate() {
-                    let addr = tokio::net::lookup_host(name.as_str())
+                    let mut addrs: Vec<SocketAddr> = tokio::net::lookup_host(name.as_str())
                         .await
-                        .ok()
-                        .and_then(|mut addrs| addrs.next())
-                        .ok_or_else(|| cannot(name, &""))?;
-                    found.push((i, addr));
+                        .map_err(|_| cannot(name, &""))?
+                        .collect();
+                    if addrs.is_empty() {
+                        return Err(cannot(name, &""));
+                    }
+                    if name.parse::<SocketAddr>().is_err() {
+                        inside.screen(&config.name, name, &mut addrs);
+                    }
+                    let addr = addrs.first().ok_or_else(|| cannot(name, &REFUSED))?;
+                    found.push((i, *addr));
                 }
             }
         }
@@ -664,9 +687,14 @@ mod tests {
     #[tokio::test]
     async fn a_retry_never_repeats_a_server_while_another_is_left() {
         for balance in [Balance::RoundRobin, Balance::Random, Balance::Hash] {
-            let pool = Pool::resolve(&upstream(balance, &THREE, 1), None, &Metrics::new())
-                .await
-                .expect("pool");
+            let pool = Pool::resolve(
+                &upstream(balance, &THREE, 1),
+                None,
+                &Inside::default(),
+                &Metrics::new(),
+            )
+            .await
+            .expect("pool");
             let mut tried = Vec::new();
             for _ in 0..3 {
                 tried.push(pool.pick(client(7), &tried).addr);
@@ -681,9 +709,14 @@ mod tests {
     async fn max_fails_take_a_server_out_and_a_success_brings_it_back() {
         let metrics = Metrics::new();
         let pool = Arc::new(
-            Pool::resolve(&upstream(Balance::RoundRobin, &THREE, 2), None, &metrics)
-                .await
-                .expect("pool"),
+            Pool::resolve(
+                &upstream(Balance::RoundRobin, &THREE, 2),
+                None,
+                &Inside::default(),
+                &metrics,
+            )
+            .await
+            .expect("pool"),
         );
         pool.publish_all();
         let bad = pool.servers.iter().next().expect("a server").addr;
@@ -709,9 +742,14 @@ mod tests {
     #[tokio::test]
     async fn with_hash_a_server_out_moves_only_its_own_clients() {
         let pool = Arc::new(
-            Pool::resolve(&upstream(Balance::Hash, &THREE, 1), None, &Metrics::new())
-                .await
-                .expect("pool"),
+            Pool::resolve(
+                &upstream(Balance::Hash, &THREE, 1),
+                None,
+                &Inside::default(),
+                &Metrics::new(),
+            )
+            .await
+            .expect("pool"),
         );
         let before: Vec<SocketAddr> = (0..3000).map(|i| pool.pick(client(i), &[]).addr).collect();
         for s in pool.servers.iter() {
@@ -745,7 +783,11 @@ mod tests {
                 .await
                 .is_ok()
         };
-        let pool = Arc::new(Pool::resolve(&config, None, &metrics).await.expect("pool"));
+        let pool = Arc::new(
+            Pool::resolve(&config, None, &Inside::default(), &metrics)
+                .await
+                .expect("pool"),
+        );
         let task = tokio::spawn(health_check(Arc::downgrade(&pool), interval));
         tokio::time::sleep(5 * interval).await;
         assert!(!task.is_finished());
@@ -753,7 +795,11 @@ mod tests {
         hand_over(std::slice::from_ref(&pool), &[], &metrics);
         assert!(ends(task).await, "still checking after the reload");
         // ...and a pool that is dropped ends its check as well.
-        let pool = Arc::new(Pool::resolve(&config, None, &metrics).await.expect("pool"));
+        let pool = Arc::new(
+            Pool::resolve(&config, None, &Inside::default(), &metrics)
+                .await
+                .expect("pool"),
+        );
         let task = tokio::spawn(health_check(Arc::downgrade(&pool), interval));
         tokio::time::sleep(5 * interval).await;
         drop(pool);
@@ -765,9 +811,11 @@ mod tests {
         let metrics = Metrics::new();
         let mut config = upstream(Balance::RoundRobin, &THREE[..2], 1);
         config.resolve = Some(Duration::from_secs(1));
-        let dns = Arc::new(Dns::new(&["127.0.0.1:9".parse().expect("addr")]).expect("dns"));
+        let dns = Arc::new(
+            Dns::new(&["127.0.0.1:9".parse().expect("addr")], Inside::default()).expect("dns"),
+        );
         let pool = Arc::new(
-            Pool::resolve(&config, Some(dns), &metrics)
+            Pool::resolve(&config, Some(dns), &Inside::default(), &metrics)
                 .await
                 .expect("pool"),
         );
@@ -800,20 +848,22 @@ mod tests {
         let metrics = Metrics::new();
         let mut config = upstream(Balance::RoundRobin, &THREE, 1);
         config.resolve = Some(Duration::from_secs(3600));
-        let dns = Arc::new(Dns::new(&["127.0.0.1:9".parse().expect("addr")]).expect("dns"));
+        let dns = Arc::new(
+            Dns::new(&["127.0.0.1:9".parse().expect("addr")], Inside::default()).expect("dns"),
+        );
         let ends = |task: tokio::task::JoinHandle<()>| async move {
             tokio::time::timeout(Duration::from_secs(2), task)
                 .await
                 .is_ok()
         };
-        let pool = Pool::resolve(&config, Some(dns.clone()), &metrics).await;
+        let pool = Pool::resolve(&config, Some(dns.clone()), &Inside::default(), &metrics).await;
         let pool = Arc::new(pool.expect("pool"));
         let task = tokio::spawn(resolve::run(Arc::downgrade(&pool)));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!task.is_finished());
         hand_over(std::slice::from_ref(&pool), &[], &metrics);
         assert!(ends(task).await, "still re-resolving after the reload");
-        let pool = Pool::resolve(&config, Some(dns), &metrics).await;
+        let pool = Pool::resolve(&config, Some(dns), &Inside::default(), &metrics).await;
         let pool = Arc::new(pool.expect("pool"));
         let task = tokio::spawn(resolve::run(Arc::downgrade(&pool)));
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -829,9 +879,14 @@ mod tests {
         let servers = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80"];
         let mut report = Vec::new();
         for balance in [Balance::RoundRobin, Balance::Hash] {
-            let pool = Pool::resolve(&upstream(balance, &servers, 1), None, &Metrics::new())
-                .await
-                .expect("pool");
+            let pool = Pool::resolve(
+                &upstream(balance, &servers, 1),
+                None,
+                &Inside::default(),
+                &Metrics::new(),
+            )
+            .await
+            .expect("pool");
             let start = Instant::now();
             let mut sum = 0u64;
             for i in 0..N {
