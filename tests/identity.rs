@@ -413,6 +413,39 @@ fn every_credential_must_be_valid_and_name_one_consumer() {
             vec![key(KEY_ACME), bearer(&alice)],
             "different consumers",
         ),
+        (
+            "a valid key and another consumer's token after a tab",
+            "/api/x".into(),
+            vec![key(KEY_ACME), format!("Authorization: Bearer\t{alice}")],
+            "different consumers",
+        ),
+        (
+            "a valid key and a broken token after spaces and tabs",
+            "/api/x".into(),
+            vec![
+                key(KEY_ACME),
+                "Authorization: bearer \t  aaaa.bbbb.cccc".into(),
+            ],
+            "malformed",
+        ),
+        (
+            "a valid query key and another's as PHP spells its name (api.key)",
+            format!("/api/x?api_key={KEY_ACME}&api.key={KEY_FREE}"),
+            vec![],
+            "different consumers",
+        ),
+        (
+            "a valid header beside an unknown key named api[key",
+            format!("/api/x?api[key={unknown}"),
+            vec![key(KEY_ACME)],
+            "API key",
+        ),
+        (
+            "a valid header beside another's key named api+key",
+            format!("/api/x?api+key={KEY_FREE}"),
+            vec![key(KEY_ACME)],
+            "different consumers",
+        ),
     ];
     for (what, target, lines, word) in &refused {
         let r = raw(s.addr, target, lines);

@@ -461,13 +461,15 @@ impl Authenticator {
     }
 }
 
-/// The token of one `Authorization: Bearer <token>` (the scheme is case-insensitive);
+/// The token of one `Authorization: Bearer <token>` (the scheme is case-insensitive, and
+/// any run of spaces or tabs may follow it, as lenient upstreams read it: DESIGN §21);
 /// None for another scheme, which is not sluice's to check.
 fn bearer_token(value: &HeaderValue) -> Option<&str> {
-    let (scheme, token) = value.to_str().ok()?.split_once(' ')?;
+    const BLANK: [char; 2] = [' ', '\t'];
+    let (scheme, token) = value.to_str().ok()?.split_once(BLANK)?;
     scheme
         .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
+        .then(|| token.trim_matches(BLANK))
         .filter(|t| !t.is_empty())
 }
 
@@ -479,12 +481,21 @@ fn query_values<'a>(query: &'a str, name: &'a str) -> impl Iterator<Item = Vec<u
     })
 }
 
-/// Whether a query parameter's name as sent is `name` once percent-decoded.
+/// Whether a query parameter's name as sent is `name` once percent-decoded, as PHP and Rack
+/// read names too (DESIGN §21): `.`, ` ` (or `+`) and `[` taken as `_`, so `api.key` is
+/// `api_key`.
 fn is_param(sent: &str, name: &str) -> bool {
+    let fold = |b: u8| match b {
+        b'.' | b' ' | b'+' | b'[' => b'_',
+        b => b,
+    };
+    let name = name.bytes().map(fold);
     if !sent.contains('%') {
-        return sent == name;
+        return sent.bytes().map(fold).eq(name);
     }
-    percent_encoding::percent_decode_str(sent).eq(name.bytes())
+    percent_encoding::percent_decode_str(sent)
+        .map(fold)
+        .eq(name)
 }
 
 /// `query` without any parameter of the `query:` sources of `api_key`, whatever their
@@ -616,6 +627,10 @@ mod tests {
         assert_eq!(bearer("bearer abc.def.ghi").as_deref(), Some("abc.def.ghi"));
         assert_eq!(bearer("Basic dXNlcjpwYXNz"), None);
         assert_eq!(bearer("Bearer  "), None);
+        assert_eq!(bearer("Bearer\tabc").as_deref(), Some("abc"));
+        assert_eq!(bearer("bearer \t \tabc\t").as_deref(), Some("abc"));
+        assert_eq!(bearer("Bearer\t\t"), None);
+        assert_eq!(bearer("Basic\tabc"), None);
         let values = |q, name| query_values(q, name).collect::<Vec<_>>();
         assert_eq!(
             values("a=1&api_key=sk%5F1&b", "api_key"),
@@ -629,6 +644,19 @@ mod tests {
             [b"1".to_vec(), b"2".to_vec(), b"3".to_vec(), Vec::new()]
         );
         assert!(values("a=1", "api_key").is_empty());
+        assert_eq!(
+            values(
+                "api.key=1&api+key=2&api%20key=3&api[key=4&api%2Ekey=5&apiXkey=6",
+                "api_key"
+            ),
+            [
+                b"1".to_vec(),
+                b"2".to_vec(),
+                b"3".to_vec(),
+                b"4".to_vec(),
+                b"5".to_vec()
+            ]
+        );
         let sources = [
             KeyPart::Query("api_key".into()),
             KeyPart::Header("api_key".into()),
@@ -638,6 +666,10 @@ mod tests {
             Some("a=1&b&c=%5F")
         );
         assert_eq!(query_without_keys("api_key=x&api%5fkey", &sources), None);
+        assert_eq!(
+            query_without_keys("api.key=x&a=1&api[key=y", &sources).as_deref(),
+            Some("a=1")
+        );
     }
 
     /// Every spelling of a header is found, by lookup when no name holds `_` and by a scan
