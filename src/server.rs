@@ -143,10 +143,9 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
         server.add_service(service);
     }
     log::info!(
-        "sluice {} serving {:?}, admin on {}",
+        "sluice {} serving {}",
         env!("CARGO_PKG_VERSION"),
-        config.server.listen,
-        config.admin.listen
+        listeners(&config)
     );
     server.run(RunArgs {
         shutdown_signal: Box::new(Drain { app, grace }),
@@ -224,4 +223,22 @@ impl ShutdownSignalWatch for Drain {
         });
         ShutdownSignal::GracefulTerminate
     }
+}
+
+/// Every listener of `config`, for the start-up log: `http on [..], https on [..], admin on
+/// .., rls on ..` (a kind with no address left out).
+fn listeners(config: &Config) -> String {
+    let server = &config.server;
+    let mut kinds = Vec::new();
+    if !server.listen.is_empty() {
+        kinds.push(format!("http on {:?}", server.listen));
+    }
+    if !server.tls_listen.is_empty() {
+        kinds.push(format!("https on {:?}", server.tls_listen));
+    }
+    kinds.push(format!("admin on {}", config.admin.listen));
+    if let Some(rls) = &config.rls {
+        kinds.push(format!("rls on {}", rls.listen));
+    }
+    kinds.join(", ")
 }

@@ -254,6 +254,13 @@ fn sni_picks_exact_then_longest_wildcard_then_the_first_certificate() {
     ]
     .concat();
     let s = start(&config(port, "", &certs, "", ""), port);
+    // The start-up log names every listener, the TLS one included.
+    let log = format!("{}{}", s.stdout(), s.stderr());
+    let serving = format!(
+        "serving http on [{}], https on [127.0.0.1:{port}], admin on {}",
+        s.addr, s.admin
+    );
+    assert!(log.contains(&serving), "{serving} not in:\n{log}");
 
     assert_eq!(served_subject(port, Some("a.test")), "CN = a.test");
     assert_eq!(served_subject(port, Some("A.TEST")), "CN = a.test");
