@@ -650,6 +650,10 @@ fn a_jwks_url_never_fetched_gives_503_until_it_answers() {
         0.0
     );
     assert_eq!(up.hits(), 1);
+    // The log says what holds meanwhile: there is no last good set to keep.
+    let log = format!("{}{}", s.stdout(), s.stderr());
+    assert!(log.contains("no key set yet"), "{log}");
+    assert!(!log.contains("keeping the last good set"), "{log}");
 
     jwks.up();
     let ready = s.wait_for(Duration::from_secs(15), || {

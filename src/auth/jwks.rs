@@ -106,6 +106,15 @@ impl UrlSource {
         }
     }
 
+    /// What a failed fetch leaves in force, for its log line.
+    fn meanwhile(&self) -> &'static str {
+        if self.current.load().is_some() {
+            "keeping the last good set"
+        } else {
+            "no key set yet: this issuer's tokens get 503 until one is fetched"
+        }
+    }
+
     async fn fetch_once(&self) -> bool {
         let up = self.metrics.jwks_up.with_label_values(&[&self.issuer]);
         match tokio::time::timeout(FETCH_TIMEOUT, super::fetch::get(&self.url, MAX_DOCUMENT)).await
@@ -128,18 +137,22 @@ impl UrlSource {
                     true
                 }
                 Err(e) => {
-                    log::warn!("jwks_url {}: {e}; keeping the last good set", self.url);
+                    log::warn!("jwks_url {}: {e}; {}", self.url, self.meanwhile());
                     up.set(0);
                     false
                 }
             },
             Ok(Err(e)) => {
-                log::warn!("jwks_url {}: {e}; keeping the last good set", self.url);
+                log::warn!("jwks_url {}: {e}; {}", self.url, self.meanwhile());
                 up.set(0);
                 false
             }
             Err(_) => {
-                log::warn!("jwks_url {}: no answer within {FETCH_TIMEOUT:?}", self.url);
+                let meanwhile = self.meanwhile();
+                log::warn!(
+                    "jwks_url {}: no answer within {FETCH_TIMEOUT:?}; {meanwhile}",
+                    self.url
+                );
                 up.set(0);
                 false
             }
