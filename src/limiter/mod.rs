@@ -15,10 +15,8 @@ pub mod keyed;
 pub mod memory;
 pub mod overrides;
 mod prefetch;
-mod pubsub;
 pub mod redis;
 pub mod runtime;
-mod scripts;
 pub mod series;
 pub mod top;
 
