@@ -9,7 +9,6 @@ pub mod backend;
 pub mod calendar;
 pub mod connections;
 mod deny_cache;
-mod held;
 mod identity;
 pub mod keyed;
 pub mod memory;

@@ -67,7 +67,7 @@ pub struct Shared {
     /// `auth_bans.len()`, read without the lock (or a key) on every request.
     auth_ban_count: AtomicUsize,
     /// Units taken ahead for hot keys (DESIGN §19), dropped by resets, overrides and bans.
-    pub prefetch: super::held::Holder,
+    pub prefetch: super::prefetch::held::Holder,
 }
 
 /// Bans remembered at most; past it, expired ones go first, then the oldest half.

@@ -204,7 +204,7 @@ impl RedisBackend {
         back: u64,
         back_at: u64,
         now_ms: u64,
-    ) -> Result<crate::limiter::held::Taken, BackendError> {
+    ) -> Result<crate::limiter::prefetch::held::Taken, BackendError> {
         let call =
             scripts::prefetch_invocation(check, want, back, back_at, self.script_now(now_ms));
         let store = self.store.clone();
@@ -214,7 +214,7 @@ impl RedisBackend {
                 store.checked(result)
             })
             .await?;
-        crate::limiter::held::Taken::from_reply(&values)
+        crate::limiter::prefetch::held::Taken::from_reply(&values)
     }
 }
 

@@ -1,5 +1,5 @@
 //! Prefetch (DESIGN §19): units of a hot key taken ahead from Redis in one atomic call
-//! (`lua/prefetch.lua`) and admitted here without a round trip.
+//! (`lua/prefetch.lua`) and admitted here without a round trip; `held` keeps the units.
 //!
 //! Every unit admitted from here was charged in Redis before it was used (escrow), so the
 //! fleet never admits more than the limit grants. What an instance holds per key:
@@ -32,11 +32,13 @@
 //! drops the units held for the key (an override: for every key), and so does any failed
 //! backend call here: a Redis that restarted empty no longer counts them.
 
+pub(super) mod held;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::held::{Step, Ticket, Units};
 use super::*;
+use held::{Step, Ticket, Units};
 
 /// One check's answer from the backend (or its `on_error`), and the backend that gave it.
 type Answer = (Result<Verdict, OnError>, Arc<dyn Backend>);
