@@ -2,13 +2,12 @@
 //! reads without charging, resets, runtime overrides (announced to the fleet), the
 //! heavy-hitter sketches and readiness. The request path is `pipeline`'s.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::algorithm::Rule;
 use super::backend::{BackendError, Check};
 use super::deny_cache::DenyCache;
-use super::{rule_of, runtime, top, Limiter};
+use super::{rule_of, runtime, top, Limiter, Sketch};
 use crate::config::Policy;
 use crate::key;
 
@@ -206,10 +205,7 @@ impl Limiter {
         self.sketch(&policy.name).map(|s| s.lock().top(n))
     }
 
-    pub(super) fn sketch(
-        &self,
-        policy: &str,
-    ) -> Option<&Arc<parking_lot::Mutex<top::SpaceSaving>>> {
+    pub(super) fn sketch(&self, policy: &str) -> Option<&Sketch> {
         self.top
             .iter()
             .find(|(name, _)| name == policy)

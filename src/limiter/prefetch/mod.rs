@@ -34,33 +34,43 @@
 
 pub(super) mod held;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::*;
+use super::backend::Check;
+use super::pipeline::Answer;
+use super::{config, redis, runtime, Limiter};
+use crate::config::{OnError, Policy};
+use crate::metrics::Metrics;
 use held::{Step, Ticket, Units};
 
-/// One check's answer from the backend (or its `on_error`), and the backend that gave it.
-type Answer = (Result<Verdict, OnError>, Arc<dyn Backend>);
-
 impl Limiter {
+    /// The store prefetch takes units from, when one of `checked` (indexes into `policies`)
+    /// prefetches and the backend is Redis; None: the request goes the normal path.
+    pub(super) fn prefetcher(
+        &self,
+        policies: &[Policy],
+        checked: &[usize],
+    ) -> Option<&Arc<redis::RedisBackend>> {
+        let redis = self.redis.as_ref()?;
+        checked
+            .iter()
+            .any(|&id| policies[id].prefetch.is_some())
+            .then_some(redis)
+    }
+
     /// The backend's verdicts for `checks` (`call_store`), with the checks of prefetch
     /// policies admitted from held units where this instance holds some (or takes them
     /// now); held units are used only when the whole request passes.
-    pub(super) async fn call_backend(
+    pub(super) async fn call_with_held(
         &self,
+        redis: &Arc<redis::RedisBackend>,
         route: usize,
         checks: &[Check],
         now: u64,
         policies: &[Policy],
         checked: &[usize],
     ) -> Vec<Answer> {
-        let Some(redis) = self.redis.as_ref() else {
-            return self.call_store(checks, now, policies, checked).await;
-        };
-        if !checked.iter().any(|&id| policies[id].prefetch.is_some()) {
-            return self.call_store(checks, now, policies, checked).await;
-        }
         let mut tickets: Vec<Option<Ticket>> = Vec::with_capacity(checks.len());
         for (check, &id) in checks.iter().zip(checked) {
             let policy = &policies[id];
@@ -181,7 +191,7 @@ impl Limiter {
                     generation,
                 } => {
                     // Nothing to ask a backend whose circuit is open.
-                    let open = self.breaker.open_until.load(Ordering::Relaxed) > now;
+                    let open = self.breaker.is_open(now);
                     let taken = if open {
                         None
                     } else {
