@@ -162,11 +162,11 @@ impl Limiter {
         key: &NamedKey,
         o: runtime::RuntimeOverride,
     ) -> Result<(), BackendError> {
-        if self.backend.shared() {
+        if let Some(fleet) = &self.fleet {
             let value =
                 serde_json::to_string(&o).map_err(|e| BackendError::Script(e.to_string()))?;
             let hash = runtime::hash_name(&self.settings.key_prefix);
-            self.bounded(self.backend.hash_write(&hash, &key.storage, Some(&value)))
+            self.bounded(fleet.hash_write(&hash, &key.storage, Some(&value)))
                 .await?;
         }
         self.shared.set(&key.storage, o);
@@ -175,9 +175,9 @@ impl Limiter {
 
     /// Deletes `key`'s runtime override; whether there was one.
     pub async fn delete_override(&self, key: &NamedKey) -> Result<bool, BackendError> {
-        if self.backend.shared() {
+        if let Some(fleet) = &self.fleet {
             let hash = runtime::hash_name(&self.settings.key_prefix);
-            self.bounded(self.backend.hash_write(&hash, &key.storage, None))
+            self.bounded(fleet.hash_write(&hash, &key.storage, None))
                 .await?;
         }
         let had = self.shared.remove(&key.storage);
@@ -188,11 +188,11 @@ impl Limiter {
     /// Tells every instance following the fleet's channel (`runtime`'s messages); nothing
     /// to tell without a shared backend.
     pub(super) async fn announce(&self, message: &str) -> Result<(), BackendError> {
-        if !self.backend.shared() {
+        let Some(fleet) = &self.fleet else {
             return Ok(());
-        }
+        };
         let channel = runtime::channel_name(&self.settings.key_prefix);
-        self.bounded(self.backend.announce(&channel, message)).await
+        self.bounded(fleet.announce(&channel, message)).await
     }
 
     /// The live runtime overrides of `policy`.

@@ -12,6 +12,7 @@ pub mod backend;
 pub mod calendar;
 pub mod connections;
 mod deny_cache;
+mod fleet;
 mod identity;
 pub mod keyed;
 pub mod memory;
@@ -31,6 +32,7 @@ use std::time::Duration;
 use algorithm::{Rule, Verdict};
 use backend::{Backend, BackendError, Check};
 use deny_cache::DenyCache;
+use fleet::Fleet;
 
 /// Hashes client-chosen keys in process (memory shards, the top sketch): fast, and seeded
 /// at random per process so nobody can aim collisions at one shard or sketch slot.
@@ -248,8 +250,9 @@ impl Charge {
 pub struct Limiter {
     settings: config::Limiter,
     backend: Arc<dyn Backend>,
-    /// The backend when it is Redis: prefetch takes units from it (DESIGN §19).
-    redis: Option<Arc<redis::RedisBackend>>,
+    /// The backend again when it is shared by a fleet (Redis): runtime overrides and
+    /// consumers are kept in it, announced through it, and prefetch takes units from it.
+    fleet: Option<Arc<dyn Fleet>>,
     /// The memory backend: the store itself, or the `on_error = "local"` fallback.
     local: Arc<MemoryBackend>,
     deny_cache: Option<DenyCache>,
@@ -321,15 +324,15 @@ impl Limiter {
                     .counting_evictions(metrics.memory_evictions.clone()),
             ),
         };
-        let redis = match (&settings.backend, same) {
-            (config::Backend::Memory, _) => None,
-            (_, Some(p)) => p.redis.clone(),
-            (_, None) => Some(Arc::new(redis::RedisBackend::connect(&settings).await?)),
-        };
-        let backend: Arc<dyn Backend> = match &redis {
-            Some(r) => r.clone(),
-            None => local.clone(),
-        };
+        let (backend, fleet): (Arc<dyn Backend>, Option<Arc<dyn Fleet>>) =
+            match (&settings.backend, same) {
+                (config::Backend::Memory, _) => (local.clone(), None),
+                (_, Some(p)) => (p.backend.clone(), p.fleet.clone()),
+                (_, None) => {
+                    let redis = Arc::new(redis::RedisBackend::connect(&settings).await?);
+                    (redis.clone(), Some(redis))
+                }
+            };
         let deny_cache = deny_cache_for(cfg, same, previous_policies);
         let shared = previous.map(|p| p.shared.clone()).unwrap_or_default();
         shared.set_deny_cache(deny_cache.clone());
@@ -340,7 +343,9 @@ impl Limiter {
         prefetch::prime(&metrics, cfg);
         let follower = match same {
             Some(p) => p.follower.clone(),
-            None => follow_fleet(&settings, &shared, &backend),
+            None => fleet
+                .as_ref()
+                .map(|fleet| follow_fleet(&settings, &shared, fleet)),
         };
         let top = sketches(cfg, previous);
         let counters = cfg
@@ -356,7 +361,7 @@ impl Limiter {
         Ok(Limiter {
             settings,
             backend,
-            redis,
+            fleet,
             local,
             deny_cache,
             breaker: Breaker::default(),
@@ -445,23 +450,21 @@ fn deny_cache_for(
 }
 
 /// Follows the fleet's runtime changes (overrides, resets, bans, consumers) into `shared`
-/// while the backend is in use; None when there is no fleet to follow.
+/// while the backend is in use.
 fn follow_fleet(
     settings: &config::Limiter,
     shared: &Arc<runtime::Shared>,
-    backend: &Arc<dyn Backend>,
-) -> Option<Arc<Follower>> {
+    fleet: &Arc<dyn Fleet>,
+) -> Arc<Follower> {
     let listener = Arc::new(runtime::FleetListener {
         shared: Arc::downgrade(shared),
-        backend: backend.clone(),
+        fleet: fleet.clone(),
         hash: runtime::hash_name(&settings.key_prefix),
         consumers: crate::auth::consumers::hash_name(&settings.key_prefix),
         io_timeout: settings.timeout.max(Duration::from_millis(250)),
     });
     let channel = runtime::channel_name(&settings.key_prefix);
-    backend
-        .follow(&channel, listener)
-        .map(|task| Arc::new(Follower(task)))
+    Arc::new(Follower(fleet.follow(&channel, listener)))
 }
 
 /// One heavy-hitter sketch per policy of `cfg`, in its order (none when `top_keys` is 0),

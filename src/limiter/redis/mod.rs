@@ -1,5 +1,6 @@
 //! The Redis backend: state in one Redis, a Sentinel's master or a Cluster, decided in Lua.
-//! This file holds `RedisBackend`, its `Backend` methods and how redis-rs' errors read;
+//! This file holds `RedisBackend`, its `Backend` and `Fleet` methods and how redis-rs'
+//! errors read;
 //! `store` the connections every call but decisions goes on, `lanes` the per-runtime
 //! decision connections and their batches, `cluster` the requests that span slots,
 //! `sentinel` the master's look-up, `scripts` the Lua calls, `pubsub` the channels followed.
@@ -57,7 +58,9 @@ use redis::{Client, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, S
 use tokio::sync::oneshot;
 
 use super::algorithm::Verdict;
-use super::backend::{Adjustment, Backend, BackendError, Check, Listener};
+use super::backend::{Adjustment, Backend, BackendError, Check};
+use super::fleet::{Fleet, Listener};
+use super::prefetch::held::Taken;
 use crate::auth::consumers::{Changed, ConsumerChange};
 use crate::config::{self, ClockSource};
 use cluster::{by_slot, decide_across_slots};
@@ -192,32 +195,6 @@ impl RedisBackend {
     }
 }
 
-impl RedisBackend {
-    /// Prefetch (DESIGN §19): takes up to `want` units of `check`'s key ahead and gives back
-    /// `back` units of the take made at `back_at` (the script's clock), in one call of
-    /// `lua/prefetch.lua`, on the I/O runtime (a refill is rare next to the requests it
-    /// serves).
-    pub(crate) async fn take(
-        &self,
-        check: &Check,
-        want: u64,
-        back: u64,
-        back_at: u64,
-        now_ms: u64,
-    ) -> Result<crate::limiter::prefetch::held::Taken, BackendError> {
-        let call =
-            scripts::prefetch_invocation(check, want, back, back_at, self.script_now(now_ms));
-        let store = self.store.clone();
-        let values = self
-            .run(async move {
-                let result = call.invoke_async::<Vec<i64>>(&mut store.conn()?).await;
-                store.checked(result)
-            })
-            .await?;
-        crate::limiter::prefetch::held::Taken::from_reply(&values)
-    }
-}
-
 #[async_trait]
 impl Backend for RedisBackend {
     fn name(&self) -> &'static str {
@@ -302,11 +279,10 @@ impl Backend for RedisBackend {
         self.run(async move { store.query::<i64>(del).await.map(|_| ()) })
             .await
     }
+}
 
-    fn shared(&self) -> bool {
-        true
-    }
-
+#[async_trait]
+impl Fleet for RedisBackend {
     async fn hash_read(&self, hash: &str) -> Result<Vec<(String, String)>, BackendError> {
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(hash);
@@ -359,11 +335,7 @@ impl Backend for RedisBackend {
             .await
     }
 
-    fn follow(
-        &self,
-        channel: &str,
-        listener: Arc<dyn Listener>,
-    ) -> Option<tokio::task::AbortHandle> {
+    fn follow(&self, channel: &str, listener: Arc<dyn Listener>) -> tokio::task::AbortHandle {
         let (relays, channel, io_timeout) =
             (self.relays.clone(), channel.to_owned(), self.io_timeout);
         let sentinel = match &self.store {
@@ -377,7 +349,31 @@ impl Backend for RedisBackend {
         let task = self.io.spawn(async move {
             pubsub::follow("runtime overrides", &channel, targets, listener, io_timeout).await
         });
-        Some(task.abort_handle())
+        task.abort_handle()
+    }
+
+    /// Prefetch (DESIGN §19): takes up to `want` units of `check`'s key ahead and gives back
+    /// `back` units of the take made at `back_at` (the script's clock), in one call of
+    /// `lua/prefetch.lua`, on the I/O runtime (a refill is rare next to the requests it
+    /// serves).
+    async fn take(
+        &self,
+        check: &Check,
+        want: u64,
+        back: u64,
+        back_at: u64,
+        now_ms: u64,
+    ) -> Result<Taken, BackendError> {
+        let call =
+            scripts::prefetch_invocation(check, want, back, back_at, self.script_now(now_ms));
+        let store = self.store.clone();
+        let values = self
+            .run(async move {
+                let result = call.invoke_async::<Vec<i64>>(&mut store.conn()?).await;
+                store.checked(result)
+            })
+            .await?;
+        Taken::from_reply(&values)
     }
 }
 

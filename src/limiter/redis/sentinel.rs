@@ -18,7 +18,8 @@ use redis::{
 use super::pubsub;
 use super::scripts;
 use super::{backend_error, config_error, no_delay};
-use crate::limiter::backend::{BackendError, Listener};
+use crate::limiter::backend::BackendError;
+use crate::limiter::fleet::Listener;
 
 /// A pause between two Sentinel look-ups of the master, so an outage does not flood them.
 const RESOLVE_PAUSE: Duration = Duration::from_millis(200);
