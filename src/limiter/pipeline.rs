@@ -30,6 +30,7 @@ pub(super) struct Plan {
 }
 
 impl Plan {
+    #[inline]
     pub(super) fn with_capacity(checks: usize) -> Plan {
         Plan {
             checks: Vec::with_capacity(checks),
@@ -52,6 +53,7 @@ pub(super) struct Ask {
 }
 
 impl Outcome {
+    #[inline]
     pub(super) fn with_capacity(policies: usize) -> Outcome {
         Outcome {
             policies: Vec::with_capacity(policies),
@@ -146,6 +148,7 @@ impl Limiter {
     /// Adds `ask` to `plan` as a check of `policy`, unless the deny cache holds a denial that
     /// covers it (an enforced policy other than concurrency): then the policy is violated and
     /// its outcome is returned.
+    #[inline]
     pub(super) fn add_check(
         &self,
         plan: &mut Plan,
@@ -449,6 +452,7 @@ impl Limiter {
 
     /// Stage 4: counts each decision under route `route` (whose policies are `policy_ids`)
     /// and feeds the heavy-hitter sketches with the keys decided.
+    #[inline]
     pub(super) fn record(
         &self,
         route: usize,
@@ -634,6 +638,7 @@ impl Limiter {
 /// The key value `policy` (`id`) counts `req` under; None when the policy needs no check,
 /// its outcome then in `decided`: exempt, or its key part missing (skipped, or refused:
 /// then violated unless shadow).
+#[inline]
 fn key_value(
     policy: &Policy,
     id: usize,
@@ -673,6 +678,7 @@ fn key_value(
 }
 
 /// How one verdict (or its `on_error`) decides `check`'s policy.
+#[inline]
 fn decision_of(check: &Check, verdict: &Result<Verdict, OnError>) -> Decision {
     match verdict {
         Ok(v) if v.allowed && v.wait_ms > 0 => Decision::Delayed,
