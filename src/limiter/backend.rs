@@ -1,11 +1,8 @@
 //! What a limiter backend does: store state and decide a batch of checks atomically.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 
 use super::algorithm::{Rule, Verdict};
-use crate::auth::consumers::{Changed, ConsumerChange};
 
 /// One policy's question for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +59,8 @@ impl BackendError {
 }
 
 /// A store of limiter state. Backends only store and decide; keys, shadow mode, the deny
-/// cache, timeouts and fallbacks live in the limiter layer above them.
+/// cache, timeouts and fallbacks live in the limiter layer above them, and what a store
+/// shared by a fleet does besides is `fleet::Fleet`'s.
 #[async_trait]
 pub trait Backend: Send + Sync {
     /// The `backend` metric label: "memory" or "redis".
@@ -113,69 +111,4 @@ pub trait Backend: Send + Sync {
 
     /// Forgets `key`'s state and its ban.
     async fn reset(&self, key: &str) -> Result<(), BackendError>;
-
-    /// Whether state is shared by a fleet (then runtime overrides live in the backend too).
-    fn shared(&self) -> bool {
-        false
-    }
-
-    /// A shared backend: every field and value of the hash `hash`.
-    async fn hash_read(&self, _hash: &str) -> Result<Vec<(String, String)>, BackendError> {
-        Ok(Vec::new())
-    }
-
-    /// A shared backend: sets (`Some`) or deletes (`None`) `field` of the hash `hash`.
-    async fn hash_write(
-        &self,
-        _hash: &str,
-        _field: &str,
-        _value: Option<&str>,
-    ) -> Result<(), BackendError> {
-        Ok(())
-    }
-
-    /// A shared backend: makes `change` to the runtime consumers kept in the hash `hash`,
-    /// atomically against every other change from any instance (compare-and-set).
-    async fn change_consumer(
-        &self,
-        _hash: &str,
-        _change: &ConsumerChange,
-    ) -> Result<Changed, BackendError> {
-        Err(BackendError::Script(
-            "runtime consumers are kept in the process".into(),
-        ))
-    }
-
-    /// A shared backend: publishes `message` to every instance following `channel`.
-    async fn announce(&self, _channel: &str, _message: &str) -> Result<(), BackendError> {
-        Ok(())
-    }
-
-    /// A shared backend: starts a task handing `listener` every message announced on
-    /// `channel`, catching it up after every (re)connection, until the listener is no longer
-    /// wanted or the task is aborted. None when there is no fleet to follow.
-    fn follow(
-        &self,
-        _channel: &str,
-        _listener: Arc<dyn Listener>,
-    ) -> Option<tokio::task::AbortHandle> {
-        None
-    }
-}
-
-/// Whoever follows a channel of a shared backend.
-#[async_trait]
-pub trait Listener: Send + Sync {
-    /// Whether the follower is still needed; when not, following ends.
-    fn wanted(&self) -> bool;
-
-    /// After every (re)subscription: catch up on what may have been announced unheard.
-    /// An error makes the follower subscribe again.
-    async fn subscribed(&self) -> Result<(), String>;
-
-    /// One announcement.
-    async fn message(&self, text: &str);
-
-    /// While subscribed, every few seconds (a quiet channel's safety net).
-    async fn probed(&self) {}
 }

@@ -1,8 +1,10 @@
 //! Deciding checks whose key values, costs and numbers the caller already knows (Envoy's
-//! descriptors, DESIGN §13): the same deny cache, backend call, all-or-nothing, shadow mode,
-//! `on_error`, bans and counting as a route's policies.
+//! descriptors, DESIGN §13): planned here, then run, applied and counted by `pipeline` as a
+//! route's policies are (deny cache, all-or-nothing, shadow mode, `on_error`, bans).
 
-use super::*;
+use super::pipeline::{Ask, Plan};
+use super::{algorithm, rule_of, Decision, Limiter, Outcome, PolicyOutcome};
+use crate::config::{Numbers, Policy};
 
 /// One check of one policy: `value` is the key's values joined by NUL, as `named_key`
 /// joins them, so the admin API names the same key.
@@ -29,68 +31,16 @@ impl Limiter {
     ) -> Outcome {
         let now = self.clock.now_ms();
         let mut results: Vec<Option<PolicyOutcome>> = vec![None; items.len()];
-        let mut checks: Vec<Check> = Vec::with_capacity(items.len());
-        let mut checked: Vec<usize> = Vec::with_capacity(items.len());
+        // Where each check's item is.
         let mut at: Vec<usize> = Vec::with_capacity(items.len());
-        let mut violated: Vec<usize> = Vec::new();
-        let mut seen: Vec<(usize, Vec<u8>)> = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            let policy = &policies[item.policy];
-            let key = self.storage_key(policy, &item.value);
-            if !self.top.is_empty() {
-                seen.push((item.policy, item.value.clone()));
-            }
-            let numbers = item
-                .numbers
-                .or_else(|| self.shared.numbers(&key))
-                .unwrap_or_else(|| policy.numbers());
-            let rule = rule_of(policy, numbers);
-            let enforce = policy.mode == Mode::Enforce;
-            // The caller refuses costs above 2^53 (RLS: INVALID_ARGUMENT); none reaches a
-            // backend, whose arithmetic is exact only up to there.
-            let cost = algorithm::clamp_cost(item.cost);
-            if enforce {
-                if let Some(denied) = self.cached_denial(policy, item.policy, &key, now, rule, cost)
-                {
-                    results[i] = Some(denied);
-                    violated.push(item.policy);
-                    continue;
-                }
-            }
-            checks.push(Check {
-                key,
-                rule,
-                cost,
-                enforce,
-                ban_ms: if enforce {
-                    policy.ban.as_millis() as u64
-                } else {
-                    0
-                },
-                lease: 0,
-            });
-            checked.push(item.policy);
-            at.push(i);
+        let plan = self.plan_keyed(policies, items, now, &mut results, &mut at);
+        let mut outcome = Outcome::with_capacity(0);
+        self.run(route, policies, &plan, now, &mut outcome).await;
+        for (p, i) in std::mem::take(&mut outcome.policies).into_iter().zip(&at) {
+            results[*i] = Some(p);
         }
-        let mut outcome = Outcome {
-            policies: Vec::new(),
-            denial: None,
-            wait_ms: 0,
-            leases: Vec::new(),
-            charges: Vec::new(),
-        };
-        if violated.is_empty() && !checks.is_empty() {
-            let verdicts = self
-                .call_backend(route, &checks, now, policies, &checked)
-                .await;
-            self.apply(&mut outcome, policies, &checks, &checked, verdicts, now);
-            for (p, i) in std::mem::take(&mut outcome.policies).into_iter().zip(&at) {
-                results[*i] = Some(p);
-            }
-        } else if !violated.is_empty() {
-            // Already denied by the deny cache: ask nothing more, charge nothing.
-            self.finish_denied(policies, &mut outcome, &violated);
-        }
+        // Items neither decided nor refused by the deny cache (a request refused before
+        // they were asked) read as skipped, and are not counted.
         outcome.policies = results
             .into_iter()
             .zip(items)
@@ -109,15 +59,45 @@ impl Limiter {
             .filter(|p| p.decision != Decision::Skipped)
             .cloned()
             .collect();
-        let counted = Outcome {
-            policies: counted,
-            denial: None,
-            wait_ms: 0,
-            leases: Vec::new(),
-            charges: Vec::new(),
-        };
-        self.count(route, policies, route_policies, &counted);
-        self.feed_top(&counted, seen);
+        self.record(route, policies, route_policies, &counted, plan.seen);
         outcome
+    }
+
+    /// Stage 1 for named checks: each item's check (`at`: the item of each), or (in
+    /// `results`, by item) its outcome when the deny cache refuses it.
+    fn plan_keyed(
+        &self,
+        policies: &[Policy],
+        items: &[Keyed],
+        now: u64,
+        results: &mut [Option<PolicyOutcome>],
+        at: &mut Vec<usize>,
+    ) -> Plan {
+        let mut plan = Plan::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let policy = &policies[item.policy];
+            let key = self.storage_key(policy, &item.value);
+            if !self.top.is_empty() {
+                plan.seen.push((item.policy, item.value.clone()));
+            }
+            let numbers = item
+                .numbers
+                .or_else(|| self.shared.numbers(&key))
+                .unwrap_or_else(|| policy.numbers());
+            let ask = Ask {
+                id: item.policy,
+                key,
+                rule: rule_of(policy, numbers),
+                // The caller refuses costs above 2^53 (RLS: INVALID_ARGUMENT); none reaches
+                // a backend, whose arithmetic is exact only up to there.
+                cost: algorithm::clamp_cost(item.cost),
+                slot: false,
+            };
+            match self.add_check(&mut plan, policy, ask, now) {
+                Some(denied) => results[i] = Some(denied),
+                None => at.push(i),
+            }
+        }
+        plan
     }
 }

@@ -14,8 +14,9 @@ use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
-use super::backend::{Backend, BackendError, Listener};
+use super::backend::BackendError;
 use super::deny_cache::DenyCache;
+use super::fleet::{Fleet, Listener};
 use super::Limiter;
 use crate::auth::consumers::{self, Changed, ConsumerChange, RuntimeConsumer, RuntimeConsumers};
 use crate::clock::unix_ms;
@@ -67,7 +68,7 @@ pub struct Shared {
     /// `auth_bans.len()`, read without the lock (or a key) on every request.
     auth_ban_count: AtomicUsize,
     /// Units taken ahead for hot keys (DESIGN §19), dropped by resets, overrides and bans.
-    pub prefetch: super::held::Holder,
+    pub prefetch: super::prefetch::held::Holder,
 }
 
 /// Bans remembered at most; past it, expired ones go first, then the oldest half.
@@ -201,13 +202,13 @@ pub const BAN: &str = "ban ";
 pub const DROP: &str = "prefetch-drop ";
 
 /// Reads the fleet's runtime consumers into `shared`, one read at a time.
-pub async fn reload_consumers(
+pub(super) async fn reload_consumers(
     shared: &Shared,
-    backend: &dyn Backend,
+    fleet: &dyn Fleet,
     hash: &str,
 ) -> Result<(), String> {
     let _reading = shared.consumers_read.lock().await;
-    let entries = backend.hash_read(hash).await.map_err(|e| e.to_string())?;
+    let entries = fleet.hash_read(hash).await.map_err(|e| e.to_string())?;
     let mut list = Vec::with_capacity(entries.len());
     for (field, value) in entries {
         match serde_json::from_str::<RuntimeConsumer>(&value) {
@@ -226,20 +227,18 @@ impl Limiter {
     /// and the others are told to; in process under one lock. So a key revoked anywhere
     /// stays revoked whatever else is changed at the same time.
     pub async fn change_consumer(&self, change: &ConsumerChange) -> Result<Changed, BackendError> {
-        if !self.backend.shared() {
+        let Some(fleet) = &self.fleet else {
             return Ok(self.shared.consumers.change(change));
-        }
+        };
         let hash = consumers::hash_name(&self.settings.key_prefix);
-        let changed = self
-            .bounded(self.backend.change_consumer(&hash, change))
-            .await?;
+        let changed = self.bounded(fleet.change_consumer(&hash, change)).await?;
         if !matches!(changed, Changed::Done(_)) {
             return Ok(changed);
         }
-        let (shared, backend) = (self.shared.clone(), self.backend.clone());
+        let (shared, fleet) = (self.shared.clone(), fleet.clone());
         let reread = self
             .bounded(async move {
-                reload_consumers(&shared, backend.as_ref(), &hash)
+                reload_consumers(&shared, fleet.as_ref(), &hash)
                     .await
                     .map_err(BackendError::Connection)
             })
@@ -258,8 +257,8 @@ impl Limiter {
 }
 
 /// Reads the fleet's overrides into `shared`, dropping (and deleting) expired ones.
-pub async fn reload(shared: &Shared, backend: &dyn Backend, hash: &str) -> Result<(), String> {
-    let entries = backend.hash_read(hash).await.map_err(|e| e.to_string())?;
+pub(super) async fn reload(shared: &Shared, fleet: &dyn Fleet, hash: &str) -> Result<(), String> {
+    let entries = fleet.hash_read(hash).await.map_err(|e| e.to_string())?;
     let now = unix_ms();
     let mut all = HashMap::with_capacity(entries.len());
     let mut expired = Vec::new();
@@ -274,20 +273,20 @@ pub async fn reload(shared: &Shared, backend: &dyn Backend, hash: &str) -> Resul
     }
     shared.replace(all);
     for field in expired {
-        let _ = backend.hash_write(hash, &field, None).await;
+        let _ = fleet.hash_write(hash, &field, None).await;
     }
     Ok(())
 }
 
 /// Keeps `shared` in step with the fleet: reads the hash in full after every
 /// (re)subscription and every probe, applies each announcement as it comes.
-pub struct FleetListener {
-    pub shared: Weak<Shared>,
-    pub backend: Arc<dyn Backend>,
-    pub hash: String,
+pub(super) struct FleetListener {
+    pub(super) shared: Weak<Shared>,
+    pub(super) fleet: Arc<dyn Fleet>,
+    pub(super) hash: String,
     /// The runtime consumers' hash.
-    pub consumers: String,
-    pub io_timeout: Duration,
+    pub(super) consumers: String,
+    pub(super) io_timeout: Duration,
 }
 
 impl FleetListener {
@@ -297,13 +296,13 @@ impl FleetListener {
         let Some(shared) = self.shared.upgrade() else {
             return Ok(());
         };
-        let backend = self.backend.as_ref();
+        let fleet = self.fleet.as_ref();
         let work = async {
             if overrides {
-                reload(&shared, backend, &self.hash).await?;
+                reload(&shared, fleet, &self.hash).await?;
             }
             if consumers {
-                reload_consumers(&shared, backend, &self.consumers).await?;
+                reload_consumers(&shared, fleet, &self.consumers).await?;
             }
             Ok(())
         };

@@ -10,10 +10,10 @@ use parking_lot::Mutex;
 use prometheus::IntCounter;
 use tokio::sync::Notify;
 
-use super::algorithm::{Rule, Verdict};
-use super::backend::{BackendError, Check};
-use super::KEY_HASHER;
 use crate::config::Algorithm;
+use crate::limiter::algorithm::{Rule, Verdict};
+use crate::limiter::backend::{BackendError, Check};
+use crate::limiter::KEY_HASHER;
 
 /// What a "prefetch" call answered (`lua/prefetch.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

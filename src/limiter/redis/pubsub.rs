@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use redis::aio::PubSub;
 use redis::{Client, ConnectionInfo, RedisError};
 
-use super::backend::Listener;
+use crate::limiter::fleet::Listener;
 
 /// Pauses between two rounds of attempts: doubling from the first to the last, so a
 /// server that is down costs one connection attempt every few seconds.

@@ -18,23 +18,23 @@ use std::sync::OnceLock;
 
 use redis::{Script, ScriptInvocation};
 
-use super::algorithm::Verdict;
-use super::backend::{Adjustment, BackendError, Check};
 use crate::auth::consumers::{Changed, ConsumerChange, RuntimeConsumer};
 use crate::config::Algorithm;
+use crate::limiter::algorithm::Verdict;
+use crate::limiter::backend::{Adjustment, BackendError, Check};
 
-const COMMON: &str = include_str!("../../lua/common.lua");
-const ENTRY: &str = include_str!("../../lua/decide.lua");
+const COMMON: &str = include_str!("../../../lua/common.lua");
+const ENTRY: &str = include_str!("../../../lua/decide.lua");
 
 /// Each algorithm's file, in `Algorithm::ALL` order.
 const FILES: [&str; 7] = [
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/sliding_log.lua"),
-    include_str!("../../lua/token_bucket.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/leaky_bucket.lua"),
-    include_str!("../../lua/concurrency.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/sliding_window.lua"),
+    include_str!("../../../lua/sliding_log.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/gcra.lua"),
+    include_str!("../../../lua/leaky_bucket.lua"),
+    include_str!("../../../lua/concurrency.lua"),
 ];
 
 /// A set of algorithms as bits in `Algorithm::ALL` order.
@@ -275,7 +275,7 @@ fn push_rule(
         .arg(rule.limit);
     if let Some(calendar) = rule.calendar {
         let now = now.unwrap_or_else(crate::clock::unix_ms);
-        let (start, end) = super::calendar::window(calendar, of.unwrap_or(now));
+        let (start, end) = crate::limiter::calendar::window(calendar, of.unwrap_or(now));
         call.arg(-((end - start) as i64)).arg(start).arg(now);
         return;
     }
@@ -354,7 +354,7 @@ fn prefetch_script(algorithm: Algorithm) -> &'static Script {
         Script::new(&format!(
             "{COMMON}\n{}\nlocal ALGORITHM, NAME, ALGORITHMS = {name}, '{name}', nil\n{}",
             FILES[at],
-            include_str!("../../lua/prefetch.lua")
+            include_str!("../../../lua/prefetch.lua")
         ))
     })
 }
@@ -395,7 +395,7 @@ pub(crate) fn prefetch_invocation(
 /// limiter's.
 fn consumer_script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(include_str!("../../lua/consumer.lua")))
+    SCRIPT.get_or_init(|| Script::new(include_str!("../../../lua/consumer.lua")))
 }
 
 /// Makes `change` to the runtime consumers in the hash `hash`; the reply is read by

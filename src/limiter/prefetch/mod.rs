@@ -1,5 +1,5 @@
 //! Prefetch (DESIGN §19): units of a hot key taken ahead from Redis in one atomic call
-//! (`lua/prefetch.lua`) and admitted here without a round trip.
+//! (`lua/prefetch.lua`) and admitted here without a round trip; `held` keeps the units.
 //!
 //! Every unit admitted from here was charged in Redis before it was used (escrow), so the
 //! fleet never admits more than the limit grants. What an instance holds per key:
@@ -32,39 +32,53 @@
 //! drops the units held for the key (an override: for every key), and so does any failed
 //! backend call here: a Redis that restarted empty no longer counts them.
 
-use std::sync::atomic::Ordering;
+pub(super) mod held;
+
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::held::{Step, Ticket, Units};
-use super::*;
-
-/// One check's answer from the backend (or its `on_error`), and the backend that gave it.
-type Answer = (Result<Verdict, OnError>, Arc<dyn Backend>);
+use super::backend::Check;
+use super::fleet::Fleet;
+use super::pipeline::Answer;
+use super::{config, runtime, Limiter};
+use crate::config::{OnError, Policy};
+use crate::metrics::Metrics;
+use held::{Step, Ticket, Units};
 
 impl Limiter {
+    /// The store prefetch takes units from, when one of `checked` (indexes into `policies`)
+    /// prefetches and the backend is shared by a fleet (Redis); None: the request goes the
+    /// normal path.
+    pub(super) fn prefetcher(
+        &self,
+        policies: &[Policy],
+        checked: &[usize],
+    ) -> Option<&Arc<dyn Fleet>> {
+        let fleet = self.fleet.as_ref()?;
+        checked
+            .iter()
+            .any(|&id| policies[id].prefetch.is_some())
+            .then_some(fleet)
+    }
+
     /// The backend's verdicts for `checks` (`call_store`), with the checks of prefetch
     /// policies admitted from held units where this instance holds some (or takes them
     /// now); held units are used only when the whole request passes.
-    pub(super) async fn call_backend(
+    pub(super) async fn call_with_held(
         &self,
+        fleet: &Arc<dyn Fleet>,
         route: usize,
         checks: &[Check],
         now: u64,
         policies: &[Policy],
         checked: &[usize],
     ) -> Vec<Answer> {
-        let Some(redis) = self.redis.as_ref() else {
-            return self.call_store(checks, now, policies, checked).await;
-        };
-        if !checked.iter().any(|&id| policies[id].prefetch.is_some()) {
-            return self.call_store(checks, now, policies, checked).await;
-        }
         let mut tickets: Vec<Option<Ticket>> = Vec::with_capacity(checks.len());
         for (check, &id) in checks.iter().zip(checked) {
             let policy = &policies[id];
             let ticket = match policy.prefetch {
                 Some(cfg) if check.cost > 0 && policy.metering.is_none() => {
-                    self.prefetched(redis, route, policy, check, cfg.max, cfg.hold)
+                    self.prefetched(fleet.as_ref(), route, policy, check, cfg.max, cfg.hold)
                         .await
                 }
                 _ => None,
@@ -73,7 +87,7 @@ impl Limiter {
         }
         if tickets.iter().all(Option::is_none) {
             let verdicts = self.call_store(checks, now, policies, checked).await;
-            self.after_store(checks, checked, policies, &verdicts);
+            self.after_store(fleet, checks, checked, policies, &verdicts);
             return verdicts;
         }
         let (rest, rest_ids): (Vec<Check>, Vec<usize>) = checks
@@ -87,7 +101,7 @@ impl Limiter {
             Vec::new()
         } else {
             let verdicts = self.call_store(&rest, now, policies, &rest_ids).await;
-            self.after_store(&rest, &rest_ids, policies, &verdicts);
+            self.after_store(fleet, &rest, &rest_ids, policies, &verdicts);
             verdicts
         };
         let mut from_store = from_store.into_iter();
@@ -120,6 +134,7 @@ impl Limiter {
     /// instance (announced).
     fn after_store(
         &self,
+        fleet: &Arc<dyn Fleet>,
         checks: &[Check],
         checked: &[usize],
         policies: &[Policy],
@@ -135,12 +150,12 @@ impl Limiter {
             if banned && policies[id].prefetch.is_some() {
                 holder.drop_key(&check.key);
                 let message = format!("{}{}", runtime::DROP, check.key);
-                let (backend, channel) = (
-                    self.backend.clone(),
+                let (fleet, channel) = (
+                    fleet.clone(),
                     runtime::channel_name(&self.settings.key_prefix),
                 );
                 tokio::spawn(async move {
-                    let _ = backend.announce(&channel, &message).await;
+                    let _ = fleet.announce(&channel, &message).await;
                 });
             }
         }
@@ -150,7 +165,7 @@ impl Limiter {
     /// refill of its own; None: decide it the normal way.
     async fn prefetched(
         &self,
-        redis: &Arc<redis::RedisBackend>,
+        fleet: &dyn Fleet,
         route: usize,
         policy: &Policy,
         check: &Check,
@@ -179,11 +194,11 @@ impl Limiter {
                     generation,
                 } => {
                     // Nothing to ask a backend whose circuit is open.
-                    let open = self.breaker.open_until.load(Ordering::Relaxed) > now;
+                    let open = self.breaker.is_open(now);
                     let taken = if open {
                         None
                     } else {
-                        let call = redis.take(check, want, back, back_at, now);
+                        let call = fleet.take(check, want, back, back_at, now);
                         match tokio::time::timeout(self.settings.timeout, call).await {
                             Ok(Ok(taken)) => Some(taken),
                             Ok(Err(e)) => {
