@@ -22,12 +22,21 @@
 //!    and client certificate as Pingora's connector takes them) and `retry` (its budget).
 //! 4. `key`: the client IP and the rate key of a policy for a request.
 //! 5. `limiter`: deciding a route's policies together, and settling metered charges once
-//!    responses are known; `memory` and `redis` backends only store; `overrides` (config)
-//!    and `runtime` (admin API) give a key its numbers; `top` the heaviest keys; `pubsub`
-//!    follows a Redis channel; `prefetch` takes units of hot keys ahead from Redis and
-//!    `held` keeps them (DESIGN §19); `calendar` the windows of calendar periods; `keyed`
-//!    decides checks the caller names (RLS); `series` its metric series; `connections` the
-//!    open connections per client address.
+//!    responses are known. `pipeline` is the one decision path, for proxied requests and
+//!    RLS alike: plan the checks (keys, exemptions, missing parts, the deny cache), run them
+//!    against the backend (breaker, timeout, `on_error`), apply the verdicts (shadow mode,
+//!    bans, leases, charges), record them, and `settle` charges; `keyed` plans the checks a
+//!    caller names (RLS). `admin` holds the admin API's operations (named keys, quotas,
+//!    resets, runtime overrides, top keys); `lease` the concurrency slot a request holds.
+//!    Backends only store: `backend` is what every store does (`memory`, `redis`), `fleet`
+//!    what a store a fleet shares does besides (hashes, announcements, following, prefetch
+//!    takes; Redis only). `redis/`: `store`, `lanes` (per-runtime connections and batching),
+//!    `cluster` (requests across slots), `sentinel`, `scripts` (Lua), `pubsub`. `overrides`
+//!    (config) and `runtime` (admin API) give a key its numbers; `top` the heaviest keys;
+//!    `prefetch/` takes units of hot keys ahead from Redis and `prefetch/held` keeps them
+//!    (DESIGN §19); `calendar` the windows of calendar periods; `deny_cache` the local
+//!    over-limit cache; `identity` bans and runtime consumers; `series` its metric series;
+//!    `connections` the open connections per client address.
 //! 6. `response`: what sluice writes itself: rate-limit headers, problem bodies, gRPC
 //!    statuses.
 //! 7. `gateway`: the state built from one config (`Gateway::build`), swapped whole on reload.
