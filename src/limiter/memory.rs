@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 
+use indexmap::IndexMap;
+
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
 
@@ -11,7 +13,8 @@ use super::backend::{Adjustment, Backend, BackendError, Check};
 use crate::config::Algorithm;
 
 const SHARDS: usize = 64;
-/// Entries looked at to find a victim when a shard is full (Redis-style sampled eviction).
+/// Entries looked at, at random places, to find a victim when a shard is full (Redis-style
+/// sampled LRU eviction).
 const EVICTION_SAMPLE: usize = 16;
 /// Every this many inserts a shard drops all its expired entries.
 const SWEEP_EVERY: u64 = 4096;
@@ -19,15 +22,22 @@ const SWEEP_EVERY: u64 = 4096;
 struct Entry {
     state: State,
     expires: u64,
+    /// When a decision last read or wrote it: the least recently used of a sample is
+    /// evicted first (DESIGN §21), so a flood of new keys cannot reset a key in use.
+    used: u64,
 }
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<String, Entry, foldhash::fast::RandomState>,
+    /// Indexed as well as hashed, so an eviction samples entries at random places, never
+    /// the same first few of the table.
+    map: IndexMap<String, Entry, foldhash::fast::RandomState>,
     /// Banned keys (`Check::ban_ms`) and until when; bounded like `map`. In the same shard
     /// as the key's state, so a ban is read and set under the lock of its decision.
     bans: HashMap<String, u64, foldhash::fast::RandomState>,
     inserts: u64,
+    /// xorshift state for the eviction sample's places.
+    rng: u64,
 }
 
 pub struct MemoryBackend {
@@ -40,7 +50,14 @@ pub struct MemoryBackend {
 impl MemoryBackend {
     pub fn new(max_keys: usize) -> Self {
         MemoryBackend {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        rng: rand::random::<u64>() | 1,
+                        ..Shard::default()
+                    })
+                })
+                .collect(),
             per_shard: max_keys.div_ceil(SHARDS).max(1),
             evictions: prometheus::IntCounter::new("evictions", "unregistered")
                 .expect("valid counter"),
@@ -142,7 +159,7 @@ impl MemoryBackend {
         checks
             .iter()
             .map(|check| {
-                let shard = self.shards[Self::shard_of(&check.key)].lock();
+                let mut shard = self.shards[Self::shard_of(&check.key)].lock();
                 if let Some(rest) = shard.banned(check, now) {
                     return banned(rest);
                 }
@@ -184,7 +201,7 @@ impl MemoryBackend {
     /// Forgets `key`'s state and ban.
     pub fn reset_now(&self, key: &str) {
         let mut shard = self.shards[Self::shard_of(key)].lock();
-        shard.map.remove(key);
+        shard.map.swap_remove(key);
         shard.bans.remove(key);
     }
 
@@ -221,12 +238,12 @@ fn banned(rest: u64) -> Verdict {
 }
 
 impl Shard {
-    /// `key`'s state, unless it has expired by `now` (then it means no state at all).
-    fn live(&self, key: &str, now: u64) -> Option<&State> {
-        self.map
-            .get(key)
-            .filter(|e| e.expires > now)
-            .map(|e| &e.state)
+    /// `key`'s state, unless it has expired by `now` (then it means no state at all); a
+    /// live key is marked used at `now`.
+    fn live(&mut self, key: &str, now: u64) -> Option<&State> {
+        let entry = self.map.get_mut(key).filter(|e| e.expires > now)?;
+        entry.used = now;
+        Some(&entry.state)
     }
 
     /// The rest of `check`'s ban, if its key is banned at `now`.
@@ -265,39 +282,62 @@ impl Shard {
             self.bans.retain(|_, until| *until > now);
         }
         // A key already held is updated in place: no new String, no second hash.
-        if let Some(entry) = self.map.get_mut(key) {
-            *entry = Entry { state, expires };
+        let entry = Entry {
+            state,
+            expires,
+            used: now,
+        };
+        if let Some(held) = self.map.get_mut(key) {
+            *held = entry;
             return false;
         }
         let evicted = self.map.len() >= capacity && self.evict(now);
-        self.map.insert(key.to_owned(), Entry { state, expires });
+        self.map.insert(key.to_owned(), entry);
         evicted
     }
 
-    /// Drops expired entries among a sample, or else the sampled entry closest to expiry
-    /// (then returns true: a live key was evicted).
+    /// Drops the expired entries of a sample taken at random places, or else the least
+    /// recently used entry of it (then returns true: a live key was evicted).
     fn evict(&mut self, now: u64) -> bool {
-        let sample: Vec<(String, u64)> = self
-            .map
+        let len = self.map.len();
+        if len == 0 {
+            return false;
+        }
+        let mut sample = [0usize; EVICTION_SAMPLE];
+        for place in &mut sample {
+            *place = (self.next_random() % len as u64) as usize;
+        }
+        // Highest place first: a swap_remove moves the last entry into the freed place,
+        // which no lower sampled place can be.
+        sample.sort_unstable_by(|a, b| b.cmp(a));
+        let mut dedup = sample.to_vec();
+        dedup.dedup();
+        let expired: Vec<usize> = dedup
             .iter()
-            .take(EVICTION_SAMPLE)
-            .map(|(k, e)| (k.clone(), e.expires))
-            .collect();
-        let expired: Vec<&String> = sample
-            .iter()
-            .filter(|(_, exp)| *exp <= now)
-            .map(|(k, _)| k)
+            .copied()
+            .filter(|&i| self.map.get_index(i).is_some_and(|(_, e)| e.expires <= now))
             .collect();
         if expired.is_empty() {
-            if let Some((victim, _)) = sample.iter().min_by_key(|(_, exp)| *exp) {
-                return self.map.remove(victim).is_some();
-            }
-        } else {
-            for key in expired {
-                self.map.remove(key);
-            }
+            let victim = dedup
+                .iter()
+                .copied()
+                .min_by_key(|&i| self.map.get_index(i).map_or(u64::MAX, |(_, e)| e.used));
+            return victim.is_some_and(|i| self.map.swap_remove_index(i).is_some());
+        }
+        for i in expired {
+            self.map.swap_remove_index(i);
         }
         false
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64: enough to spread a sample; the seed is random per shard.
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        x
     }
 }
 
@@ -411,6 +451,46 @@ mod tests {
         }
         assert!(m.len() <= 640, "{}", m.len());
         assert!(m.evictions.get() >= 50_000 - 640, "{}", m.evictions.get());
+    }
+
+    /// A flood of fresh keys into full shards evicts the least recently used keys of its
+    /// samples: keys spent a moment ago (and expiring soonest) keep their counts while
+    /// older keys remain (DESIGN §21).
+    #[test]
+    fn a_flood_of_new_keys_does_not_reset_keys_in_use() {
+        let m = MemoryBackend::new(SHARDS * 64);
+        let period = |mut c: Check, ms: u64| {
+            c.rule.period_ms = ms;
+            c
+        };
+        let hour = |key: &str| period(check(key, Algorithm::FixedWindow, 1, true), 3_600_000);
+        for i in 0..SHARDS * 64 {
+            m.decide_now(&[hour(&format!("old{i}"))], 1_000);
+        }
+        let in_use: Vec<Check> = (0..64)
+            .map(|i| {
+                period(
+                    check(&format!("in-use{i}"), Algorithm::FixedWindow, 1, true),
+                    60_000,
+                )
+            })
+            .collect();
+        for c in &in_use {
+            assert!(m.decide_now(std::slice::from_ref(c), 5_000)[0].allowed);
+            assert!(!m.decide_now(std::slice::from_ref(c), 5_000)[0].allowed);
+        }
+        for i in 0..SHARDS * 16 {
+            m.decide_now(&[hour(&format!("fresh{i}"))], 5_500);
+        }
+        assert!(m.evictions.get() >= (SHARDS * 16) as u64 / 2);
+        for c in &in_use {
+            let v = m.decide_now(std::slice::from_ref(c), 5_600);
+            assert!(
+                !v[0].allowed,
+                "{} was evicted and counts from 0 again",
+                c.key
+            );
+        }
     }
 
     #[test]
