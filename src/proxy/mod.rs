@@ -1,10 +1,11 @@
 //! The Pingora proxy: route, decide in `request_filter`, forward, count in `logging`.
 
+mod admit;
 pub mod connection;
 pub mod decode;
+mod refusal;
 pub mod usage;
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,20 +17,18 @@ use pingora::prelude::*;
 use pingora::proxy::FailToProxy;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 
-use crate::auth::{self, Identity, Presented};
+use crate::auth;
 use crate::config::RetryOn;
-use crate::config::{
-    AccessLog, AuthMode, HeaderRules, Metering, PathMatch, RedirectTo, Scheme, Target,
-    AUTH_FAILURES,
-};
+use crate::config::{AccessLog, AuthMode, Metering, PathMatch, Target};
 use crate::gateway::{App, Gateway};
-use crate::key::{self, RequestFacts};
-use crate::limiter::{Charge, Lease, PolicyOutcome, Settled};
-use crate::response;
-use crate::routing::{self, UNMATCHED};
+use crate::key;
+use crate::limiter::{Charge, Settled};
+use crate::routing::UNMATCHED;
 use crate::upstream;
+use admit::Admitted;
 use connection::ClientConn;
 use decode::BodyMeter;
+use refusal::Extra;
 
 pub struct Proxy {
     pub app: Arc<App>,
@@ -40,12 +39,9 @@ pub struct Ctx {
     app: Arc<App>,
     started: Instant,
     gateway: Option<Arc<Gateway>>,
-    route: Option<usize>,
-    client_ip: IpAddr,
-    decisions: Vec<PolicyOutcome>,
-    rate_headers: Vec<(&'static str, String)>,
-    /// Concurrency slots, released when the request ends (dropped with the context).
-    leases: Vec<Lease>,
+    route: admit::Routed,
+    client: admit::Client,
+    limits: admit::Limits,
     /// Charges of metered policies the response settles (DESIGN §12).
     charges: Vec<Charge>,
     /// `cost = { usage = … }`: the upstream's body read as it passes (through its
@@ -73,15 +69,6 @@ pub struct Ctx {
     /// The route's `max_request_body` (0 = unlimited) and the body bytes seen so far.
     body_limit: u64,
     body_seen: u64,
-    /// Who is asking (anonymous unless a credential checked out), and which credentials
-    /// were presented (for `hide_credentials`).
-    identity: Identity,
-    presented: Presented,
-    /// `[server] request_id`: its header and this request's id.
-    request_id: Option<(http::HeaderName, http::HeaderValue)>,
-    /// The request's path in its normal form (DESIGN §17), when the client spelled it
-    /// otherwise: the upstream gets it (the access log keeps the path as sent).
-    path: Option<String>,
 }
 
 impl Drop for Ctx {
@@ -92,7 +79,7 @@ impl Drop for Ctx {
 
 impl Ctx {
     fn route_name(&self) -> &str {
-        match (&self.gateway, self.route) {
+        match (&self.gateway, self.route.id) {
             (Some(g), Some(i)) => &g.config.routes[i].name,
             _ => UNMATCHED,
         }
@@ -100,107 +87,10 @@ impl Ctx {
 
     /// The `route` label of this request's metrics (its route's `metrics_as`, if set).
     fn route_label(&self) -> &str {
-        match (&self.gateway, self.route) {
+        match (&self.gateway, self.route.id) {
             (Some(g), Some(i)) => g.config.routes[i].label(),
             _ => UNMATCHED,
         }
-    }
-}
-
-/// What every answer of sluice's own carries besides its own headers (DESIGN §14): the
-/// route's `response_headers` rules and the request id.
-#[derive(Clone, Copy, Default)]
-struct Extra<'a> {
-    rules: Option<&'a HeaderRules>,
-    request_id: Option<&'a (http::HeaderName, http::HeaderValue)>,
-}
-
-impl<'a> Extra<'a> {
-    fn of(ctx: &'a Ctx, gateway: &'a Gateway) -> Extra<'a> {
-        Extra {
-            rules: ctx
-                .route
-                .map(|r| &gateway.config.routes[r].response_headers)
-                .filter(|r| !r.is_empty()),
-            request_id: ctx.request_id.as_ref(),
-        }
-    }
-
-    /// The route's rules first, so sluice's own headers (RateLimit, Retry-After, ...) set
-    /// after them always survive.
-    fn apply_rules(&self, resp: &mut ResponseHeader) -> Result<()> {
-        if let Some(rules) = self.rules {
-            for name in &rules.remove {
-                resp.remove_header(name);
-            }
-            for (name, value) in &rules.set {
-                resp.insert_header(name, value)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn apply_request_id(&self, resp: &mut ResponseHeader) -> Result<()> {
-        if let Some((name, value)) = self.request_id {
-            resp.insert_header(name, value)?;
-        }
-        Ok(())
-    }
-}
-
-async fn write_response(
-    session: &mut Session,
-    status: u16,
-    headers: &[(&'static str, String)],
-    content_type: &str,
-    body: Bytes,
-    extra: Extra<'_>,
-) -> Result<()> {
-    let mut resp = ResponseHeader::build(status, Some(headers.len() + 2))?;
-    extra.apply_rules(&mut resp)?;
-    resp.insert_header("Content-Type", content_type)?;
-    resp.insert_header("Content-Length", body.len().to_string())?;
-    for (name, value) in headers {
-        resp.insert_header(*name, value.as_str())?;
-    }
-    extra.apply_request_id(&mut resp)?;
-    let head = session.req_header().method == http::Method::HEAD;
-    session
-        .write_response_header(Box::new(resp), head || body.is_empty())
-        .await?;
-    if !head && !body.is_empty() {
-        session.write_response_body(Some(body), true).await?;
-    }
-    Ok(())
-}
-
-/// A gRPC answer of sluice's own (DESIGN §8): HTTP 200, trailers-only. `headers` carry
-/// `grpc-status`, `grpc-message` and the rate-limit headers, all in one HEADERS frame
-/// with END_STREAM.
-async fn write_grpc(
-    session: &mut Session,
-    headers: &[(&'static str, String)],
-    extra: Extra<'_>,
-) -> Result<()> {
-    let mut resp = ResponseHeader::build(200, Some(headers.len() + 2))?;
-    extra.apply_rules(&mut resp)?;
-    resp.insert_header("Content-Type", response::GRPC)?;
-    if !session.is_http2() {
-        // HTTP/1.1 has no trailers-only form; this at least ends the response cleanly.
-        resp.insert_header("Content-Length", "0")?;
-    }
-    for (name, value) in headers {
-        resp.insert_header(*name, value.as_str())?;
-    }
-    extra.apply_request_id(&mut resp)?;
-    match session.as_downstream_mut() {
-        // Pingora's `Session::write_response_header` never sets END_STREAM on h2 (an empty
-        // DATA frame ends the stream later, or a reset when the session is dropped after a
-        // failure); the h2 session itself can end the stream with the HEADERS frame.
-        pingora::protocols::http::ServerSession::H2(h2) => {
-            h2.write_response_header(Box::new(resp), true)
-        }
-        _ => session.write_response_header(Box::new(resp), true).await,
     }
 }
 
@@ -218,11 +108,9 @@ impl ProxyHttp for Proxy {
             app: self.app.clone(),
             started: Instant::now(),
             gateway: None,
-            route: None,
-            client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            decisions: Vec::new(),
-            rate_headers: Vec::new(),
-            leases: Vec::new(),
+            route: admit::Routed::default(),
+            client: admit::Client::new(),
+            limits: admit::Limits::default(),
             charges: Vec::new(),
             usage: None,
             body_ended: false,
@@ -236,10 +124,6 @@ impl ProxyHttp for Proxy {
             upstream_answered: false,
             body_limit: 0,
             body_seen: 0,
-            identity: Identity::anonymous(),
-            presented: Presented::default(),
-            request_id: None,
-            path: None,
         }
     }
 
@@ -265,248 +149,13 @@ impl ProxyHttp for Proxy {
         let Some(gateway) = ctx.gateway.clone() else {
             return Err(Error::new(ErrorType::InternalError));
         };
-        let config = &gateway.config;
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-        let req = session.req_header();
-        ctx.client_ip = key::client_ip(
-            peer,
-            &req.headers,
-            &config.server.client_ip_header,
-            &config.server.trusted_proxies,
-        );
-        if let Some(name) = &config.server.request_id {
-            let id = request_id(&req.headers, name, peer, &config.server.trusted_proxies);
-            session.req_header_mut().insert_header(name, &id)?;
-            ctx.request_id = Some((name.clone(), id));
-        }
-        // `[server] deny` (DESIGN §20): before anything else, auth and policies included.
-        if config.server.deny.contains(ctx.client_ip) {
-            self.app.metrics.requests_denied.inc();
-            let extra = Extra::of(ctx, &gateway);
-            if response::is_grpc(&session.req_header().headers) {
-                let denied = response::GrpcStatus::PermissionDenied;
-                let status = response::grpc_status(denied, "client address denied");
-                write_grpc(session, &status, extra).await?;
-            } else {
-                let body = response::denied_client().into();
-                write_response(session, 403, &[], response::PROBLEM, body, extra).await?;
-            }
-            return Ok(true);
-        }
-        if let Some(problem) = host_problem(session.req_header()) {
-            session.set_keepalive(None);
-            let body = response::problem(400, "Bad Request", problem);
-            let extra = Extra::default();
-            write_response(session, 400, &[], response::PROBLEM, body.into(), extra).await?;
-            return Ok(true);
-        }
-        let req = session.req_header();
-        let raw_host = req
-            .uri
-            .host()
-            .or_else(|| {
-                req.headers
-                    .get(http::header::HOST)
-                    .and_then(|h| h.to_str().ok())
-            })
-            .unwrap_or("");
-        let host = routing::normalize_host(raw_host);
-        let path = req.uri.path().to_owned();
-        let method = req.method.as_str().to_owned();
-        let scheme = if session.digest().is_some_and(|d| d.ssl_digest.is_some()) {
-            Scheme::Https
-        } else {
-            Scheme::Http
+        let refusal = match admit::admit(session, ctx, &gateway).await {
+            Ok(Admitted) => return Ok(false),
+            Err(refusal) => refusal,
         };
-
-        let grpc = response::is_grpc(&req.headers);
-        // One path, one spelling (DESIGN §17): routes, keys and the upstream see the
-        // normal form of the path; one that has none is refused.
-        let server = &config.server;
-        let normal = routing::normalize_path(&path, server.merge_slashes, server.escaped_slashes);
-        let normal = match normal {
-            Ok(std::borrow::Cow::Borrowed(_)) => None,
-            Ok(std::borrow::Cow::Owned(normal)) => Some(normal),
-            Err(why) => {
-                let extra = Extra::of(ctx, &gateway);
-                if grpc {
-                    let invalid = response::GrpcStatus::InvalidArgument;
-                    let status = response::grpc_status(invalid, why.detail());
-                    write_grpc(session, &status, extra).await?;
-                } else {
-                    let body = response::problem(400, "Bad Request", why.detail());
-                    write_response(session, 400, &[], response::PROBLEM, body.into(), extra)
-                        .await?;
-                }
-                return Ok(true);
-            }
-        };
-        let path = match normal {
-            Some(normal) => ctx.path.insert(normal).clone(),
-            None => path,
-        };
-        let found =
-            gateway
-                .routes
-                .find(&config.routes, &host, &path, &method, scheme, ctx.client_ip);
-        let Some(route_id) = found else {
-            let extra = Extra::of(ctx, &gateway);
-            if grpc {
-                let status = response::grpc_status(response::GrpcStatus::Unimplemented, "no route");
-                write_grpc(session, &status, extra).await?;
-                return Ok(true);
-            }
-            write_response(
-                session,
-                404,
-                &[],
-                "text/plain",
-                Bytes::from_static(b"no route\n"),
-                extra,
-            )
-            .await?;
-            return Ok(true);
-        };
-        ctx.route = Some(route_id);
-        let route = &config.routes[route_id];
-        ctx.body_limit = route
-            .max_request_body
-            .unwrap_or(config.server.max_request_body);
-        if ctx.body_limit > 0 && content_length(req).is_some_and(|n| n > ctx.body_limit) {
-            // Refused before any policy is charged; the unread body is not drained.
-            session.set_keepalive(None);
-            write_response(
-                session,
-                413,
-                &[],
-                response::PROBLEM,
-                response::body_too_large().into(),
-                Extra::of(ctx, &gateway),
-            )
-            .await?;
-            return Ok(true);
-        }
-        if route.auth != AuthMode::Off
-            && self.authenticate(session, ctx, &gateway, route_id).await?
-        {
-            return Ok(true);
-        }
-        let needs = BodyNeeds::of(config, route);
-        let mut request_bound = None;
-        if needs.bound || needs.usage {
-            match read_body(session).await? {
-                RequestBody::Whole(body) => {
-                    if needs.bound {
-                        request_bound = usage::request_bound(&body);
-                    }
-                    let asked = needs.usage.then(|| usage::ask_for_usage(&body)).flatten();
-                    ctx.request_body = Some(asked.map_or(body, Bytes::from));
-                }
-                RequestBody::Unknown if needs.usage => ctx.held_body = Some(Vec::new()),
-                RequestBody::Unknown | RequestBody::Empty => {}
-                RequestBody::TooLarge => {
-                    session.set_keepalive(None);
-                    let body = response::problem(
-                        413,
-                        "Content Too Large",
-                        "a metered request's body is read for its bound, up to 1 MiB",
-                    );
-                    write_response(
-                        session,
-                        413,
-                        &[],
-                        response::PROBLEM,
-                        body.into(),
-                        Extra::of(ctx, &gateway),
-                    )
-                    .await?;
-                    return Ok(true);
-                }
-            }
-        }
-        let req = session.req_header();
-        let client_cert = crate::tls::client_cert_id(session.digest());
-        let facts = RequestFacts {
-            client_ip: ctx.client_ip,
-            method: &method,
-            host: &host,
-            path: &path,
-            query: req.uri.query(),
-            headers: &req.headers,
-            route: &route.name,
-            client_cert: client_cert.as_deref(),
-            identity: &ctx.identity,
-            request_bound,
-        };
-        let outcome = gateway
-            .limiter
-            .decide(route_id, &config.policies, &route.policies, &facts)
-            .await;
-        ctx.rate_headers = response::rate_limit_headers(
-            config.server.headers,
-            &config.policies,
-            &outcome.policies,
-        );
-        ctx.decisions = outcome.policies;
-        ctx.leases = outcome.leases;
-        ctx.charges = outcome.charges;
-        if let Some(denial) = &outcome.denial {
-            let extra = Extra::of(ctx, &gateway);
-            let body = response::reject_body(&config.policies, &ctx.decisions, denial);
-            write_denial(session, grpc, denial, &ctx.rate_headers, body, extra).await?;
-            return Ok(true);
-        }
-        if outcome.wait_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(outcome.wait_ms)).await;
-        }
         let extra = Extra::of(ctx, &gateway);
-        match &route.target {
-            Target::Respond {
-                status,
-                body,
-                content_type,
-            } => {
-                let body = Bytes::from(body.clone());
-                write_response(
-                    session,
-                    *status,
-                    &ctx.rate_headers,
-                    content_type,
-                    body,
-                    extra,
-                )
-                .await?;
-                Ok(true)
-            }
-            Target::Redirect { to, status } => {
-                let location = match to {
-                    RedirectTo::Location(l) => l.clone(),
-                    RedirectTo::Scheme(s) => {
-                        let scheme = if *s == Scheme::Https { "https" } else { "http" };
-                        format!(
-                            "{scheme}://{host}{}",
-                            target_as_received(session.req_header())
-                        )
-                    }
-                };
-                let mut headers = ctx.rate_headers.clone();
-                headers.push(("Location", location));
-                write_response(
-                    session,
-                    *status,
-                    &headers,
-                    "text/plain",
-                    Bytes::new(),
-                    extra,
-                )
-                .await?;
-                Ok(true)
-            }
-            Target::Upstream(_) => Ok(false),
-        }
+        refusal::write(session, refusal, extra, &ctx.limits.rate_headers).await?;
+        Ok(true)
     }
 
     async fn request_body_filter(
@@ -538,7 +187,7 @@ impl ProxyHttp for Proxy {
     }
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route) else {
+        let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route.id) else {
             return Err(Error::new(ErrorType::InternalError));
         };
         let Target::Upstream(upstream) = gateway.config.routes[route].target else {
@@ -548,7 +197,7 @@ impl ProxyHttp for Proxy {
         if ctx.retry.is_none() {
             ctx.retry = upstream.tries();
         }
-        let (addr, peer) = upstream.peer(ctx.client_ip, &ctx.upstream_tried);
+        let (addr, peer) = upstream.peer(ctx.client.ip, &ctx.upstream_tried);
         ctx.upstream_tried.push(addr);
         ctx.upstream_started.get_or_insert_with(Instant::now);
         Ok(peer)
@@ -561,7 +210,7 @@ impl ProxyHttp for Proxy {
         ctx: &mut Ctx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route) else {
+        let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route.id) else {
             return e;
         };
         if let Target::Upstream(upstream) = gateway.config.routes[route].target {
@@ -655,7 +304,7 @@ impl ProxyHttp for Proxy {
         use pingora::ErrorSource;
         // The request is over: its concurrency slots are free before the client hears so,
         // and can retry.
-        ctx.leases.clear();
+        ctx.limits.leases.clear();
         let code = match (e.esource(), e.etype()) {
             (_, ErrorType::HTTPStatus(code)) => *code,
             (ErrorSource::Upstream, _) => 502,
@@ -672,43 +321,11 @@ impl ProxyHttp for Proxy {
             (ErrorSource::Downstream, _) => 400,
             _ => 500,
         };
-        let grpc = response::is_grpc(&session.req_header().headers);
-        if grpc && code >= 500 && session.response_written().is_none() {
-            // The upstream could not be reached or failed before answering.
-            let status =
-                response::grpc_status(response::GrpcStatus::Unavailable, "upstream unavailable");
-            let extra = match &ctx.gateway {
-                Some(gateway) => Extra::of(ctx, gateway),
-                None => Extra::default(),
-            };
-            if let Err(e) = write_grpc(session, &status, extra).await {
-                log::debug!("could not answer gRPC {code}: {e}");
-            }
-        } else if code > 0 {
-            let answer = match code {
-                408 => Some(response::problem(
-                    408,
-                    "Request Timeout",
-                    "request body stalled",
-                )),
-                413 => Some(response::body_too_large()),
-                _ => None,
-            };
-            let written = match answer {
-                Some(body) => match ResponseHeader::build(code, Some(2)) {
-                    Ok(mut resp) => {
-                        let _ = resp.insert_header("Content-Type", response::PROBLEM);
-                        let _ = resp.insert_header("Content-Length", body.len().to_string());
-                        session.write_error_response(resp, body.into()).await
-                    }
-                    Err(e) => Err(e),
-                },
-                None => session.respond_error(code).await,
-            };
-            if let Err(e) = written {
-                log::debug!("could not answer {code}: {e}");
-            }
-        }
+        let extra = match &ctx.gateway {
+            Some(gateway) => Extra::of(ctx, gateway),
+            None => Extra::default(),
+        };
+        refusal::write_failure(session, code, extra).await;
         FailToProxy {
             error_code: code,
             can_reuse_downstream: false,
@@ -723,8 +340,8 @@ impl ProxyHttp for Proxy {
     ) -> Result<()> {
         if let Some(gateway) = &ctx.gateway {
             identity_headers(upstream, gateway, ctx)?;
-            if let Some(route) = ctx.route.map(|r| &gateway.config.routes[r]) {
-                upstream_edits(upstream, route, ctx.path.as_deref())?;
+            if let Some(route) = ctx.route.id.map(|r| &gateway.config.routes[r]) {
+                upstream_edits(upstream, route, ctx.route.path.as_deref())?;
             }
         }
         metered_request(upstream, ctx)?;
@@ -774,12 +391,12 @@ impl ProxyHttp for Proxy {
         if let Some(gateway) = &ctx.gateway {
             let extra = Extra::of(ctx, gateway);
             extra.apply_rules(resp)?;
-            for (name, value) in &ctx.rate_headers {
+            for (name, value) in &ctx.limits.rate_headers {
                 resp.insert_header(*name, value.as_str())?;
             }
             return extra.apply_request_id(resp);
         }
-        for (name, value) in &ctx.rate_headers {
+        for (name, value) in &ctx.limits.rate_headers {
             resp.insert_header(*name, value.as_str())?;
         }
         Ok(())
@@ -841,7 +458,7 @@ impl ProxyHttp for Proxy {
             .with_label_values(&[label])
             .observe(elapsed.as_secs_f64());
         let Some(gateway) = &ctx.gateway else { return };
-        if let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route) {
+        if let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route.id) {
             if let Target::Upstream(u) = gateway.config.routes[r].target {
                 if let (Some(addr), Some(ok)) = (ctx.upstream_tried.last(), upstream::outcome(e)) {
                     gateway.upstreams[u].pool.report(*addr, ok);
@@ -858,139 +475,6 @@ impl ProxyHttp for Proxy {
     }
 }
 
-impl Proxy {
-    /// Who is asking (DESIGN §11): a banned address is refused before any credential is
-    /// looked at; an invalid credential counts against `max_failures`. True: a refusal was
-    /// written; false: `ctx.identity` is set and the request goes on.
-    async fn authenticate(
-        &self,
-        session: &mut Session,
-        ctx: &mut Ctx,
-        gateway: &Gateway,
-        route_id: usize,
-    ) -> Result<bool> {
-        let config = &gateway.config;
-        let route = &config.routes[route_id];
-        let counted = |result: &str| gateway.auth.count(route_id, result);
-        let grpc = response::is_grpc(&session.req_header().headers);
-        let failures = gateway.auth.failures_policy();
-        if let Some(id) = failures {
-            if let Some(ms) = gateway
-                .limiter
-                .auth_banned(&config.policies[id], ctx.client_ip)
-            {
-                counted("banned");
-                let denial = crate::limiter::Denial::Limited {
-                    status: config.policies[id].status,
-                    retry_after_ms: ms,
-                    violated: vec![AUTH_FAILURES.to_owned()],
-                };
-                write_denial(session, grpc, &denial, &[], None, Extra::of(ctx, gateway)).await?;
-                return Ok(true);
-            }
-        }
-        let req = session.req_header();
-        let outcome = gateway
-            .auth
-            .authenticate(route.auth, &req.headers, req.uri.query());
-        counted(outcome.label());
-        let refusal = match outcome {
-            auth::Outcome::Verified(identity, presented) => {
-                ctx.identity = identity;
-                ctx.presented = presented;
-                return Ok(false);
-            }
-            auth::Outcome::Anonymous => return Ok(false),
-            auth::Outcome::Missing => response::AuthRefusal::Missing,
-            auth::Outcome::Unavailable(why) => response::AuthRefusal::Unavailable(why),
-            auth::Outcome::Invalid(why) => {
-                if let Some(id) = failures {
-                    let facts = RequestFacts {
-                        client_ip: ctx.client_ip,
-                        method: req.method.as_str(),
-                        host: "",
-                        path: req.uri.path(),
-                        query: req.uri.query(),
-                        headers: &req.headers,
-                        route: &route.name,
-                        client_cert: None,
-                        identity: &ctx.identity,
-                        request_bound: None,
-                    };
-                    if let Some(ms) = gateway
-                        .limiter
-                        .auth_failed(&config.policies, id, &facts)
-                        .await
-                    {
-                        log::info!(
-                            "max_failures: {} banned for {}s after repeated invalid credentials",
-                            ctx.client_ip,
-                            ms.div_ceil(1000)
-                        );
-                    }
-                }
-                response::AuthRefusal::Invalid(why)
-            }
-        };
-        let extra = Extra::of(ctx, gateway);
-        if grpc {
-            write_grpc(session, &response::grpc_auth_refusal(&refusal), extra).await?;
-        } else {
-            let (status, headers, body) = response::auth_refusal(&refusal);
-            write_response(
-                session,
-                status,
-                &headers,
-                response::PROBLEM,
-                body.into(),
-                extra,
-            )
-            .await?;
-        }
-        Ok(true)
-    }
-}
-
-/// Writes a policy denial: a gRPC status, or the policy's status with its `reject` body
-/// (`body`: the bytes and their content type) or a problem body.
-async fn write_denial(
-    session: &mut Session,
-    grpc: bool,
-    denial: &crate::limiter::Denial,
-    rate_headers: &[(&'static str, String)],
-    body: Option<(Vec<u8>, &str)>,
-    extra: Extra<'_>,
-) -> Result<()> {
-    if grpc {
-        let mut headers = response::grpc_denial(denial);
-        headers.extend(rate_headers.iter().cloned());
-        return write_grpc(session, &headers, extra).await;
-    }
-    let (status, more, problem) = response::denial(denial);
-    let mut headers = rate_headers.to_vec();
-    headers.extend(more);
-    let (body, content_type) = match body {
-        Some((body, content_type)) => (Bytes::from(body), content_type),
-        None => (Bytes::from(problem), response::PROBLEM),
-    };
-    write_response(session, status, &headers, content_type, body, extra).await
-}
-
-/// The request target as the client sent it (path and query, byte for byte), for a
-/// redirect that keeps both.
-fn target_as_received(req: &RequestHeader) -> String {
-    let raw = String::from_utf8_lossy(req.raw_path());
-    if raw.starts_with('/') {
-        raw.into_owned()
-    } else {
-        // Absolute form: the path and query of the URI.
-        req.uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned()
-    }
-}
-
 /// Settles the request's metered charges (DESIGN §12) by the response's status (None:
 /// the client went away before one was sent), from an upstream its header, and once the
 /// response has `ended`, its body's usage; until then charges by usage stay pending.
@@ -1000,7 +484,7 @@ async fn settle(
     upstream: Option<&http::HeaderMap>,
     ended: bool,
 ) {
-    let (Some(gateway), Some(route)) = (ctx.gateway.clone(), ctx.route) else {
+    let (Some(gateway), Some(route)) = (ctx.gateway.clone(), ctx.route.id) else {
         return;
     };
     let policies = &gateway.config.policies;
@@ -1119,30 +603,6 @@ impl BodyNeeds {
     }
 }
 
-/// `[server] request_id` (DESIGN §14): a trusted proxy's id is kept; anyone else's is
-/// replaced by a new random 128-bit id (32 hex digits).
-fn request_id(
-    headers: &http::HeaderMap,
-    name: &http::HeaderName,
-    peer: IpAddr,
-    trusted: &[ipnet::IpNet],
-) -> http::HeaderValue {
-    let peer = match peer {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
-        v4 => v4,
-    };
-    if trusted.iter().any(|net| net.contains(&peer)) {
-        if let Some(id) = headers
-            .get(name)
-            .filter(|v| !v.is_empty() && v.len() <= 200)
-        {
-            return id.clone();
-        }
-    }
-    let id = crate::auth::consumers::hex(&rand::random::<[u8; 16]>());
-    http::HeaderValue::from_str(&id).unwrap_or_else(|_| http::HeaderValue::from_static("-"))
-}
-
 /// The route's changes to the upstream request: the path in its normal form (`normal`,
 /// when the client spelled it otherwise: DESIGN §17) less `strip_prefix`, the query as it
 /// came; then `request_headers`.
@@ -1202,23 +662,23 @@ fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) 
     for name in auth::other_spellings(&upstream.headers, auth::identity_header_names(settings)) {
         upstream.remove_header(&name);
     }
-    let Some(route) = ctx.route.map(|r| &gateway.config.routes[r]) else {
+    let Some(route) = ctx.route.id.map(|r| &gateway.config.routes[r]) else {
         return Ok(());
     };
     if route.auth == AuthMode::Off {
         return Ok(());
     }
-    if let Some(consumer) = ctx.identity.consumer.as_deref() {
+    if let Some(consumer) = ctx.client.identity.consumer.as_deref() {
         upstream.insert_header(&settings.consumer_header, consumer)?;
     }
-    if let Some(plan) = ctx.identity.plan.as_deref() {
+    if let Some(plan) = ctx.client.identity.plan.as_deref() {
         upstream.insert_header(&settings.plan_header, plan)?;
     }
     if settings.hide_credentials {
-        if ctx.presented.bearer {
+        if ctx.client.presented.bearer {
             upstream.remove_header(&http::header::AUTHORIZATION);
         }
-        if ctx.presented.key_header {
+        if ctx.client.presented.key_header {
             for name in auth::key_header_names(settings) {
                 upstream.remove_header(name);
             }
@@ -1226,7 +686,7 @@ fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) 
                 upstream.remove_header(&name);
             }
         }
-        if ctx.presented.key_query {
+        if ctx.client.presented.key_query {
             let uri = &upstream.uri;
             if let Some(query) = uri.query() {
                 let path = uri.path();
@@ -1256,16 +716,6 @@ fn client_went_away(e: &Error) -> bool {
                 | ErrorType::ConnectionClosed
                 | ErrorType::H2Error
         )
-}
-
-/// Why an HTTP/1.1 request's Host is unusable (RFC 9112 §3.2: missing or repeated).
-fn host_problem(req: &RequestHeader) -> Option<&'static str> {
-    let hosts = req.headers.get_all(http::header::HOST).iter().count();
-    match hosts {
-        0 if req.version == http::Version::HTTP_11 => Some("missing Host header"),
-        2.. => Some("more than one Host header"),
-        _ => None,
-    }
 }
 
 /// How many bytes an HTTP/1 request took on the wire, when that is known exactly: its
@@ -1399,6 +849,7 @@ fn access_log(
     use std::io::Write;
     let req = session.req_header();
     let decisions: serde_json::Map<String, serde_json::Value> = ctx
+        .limits
         .decisions
         .iter()
         .map(|d| {
@@ -1411,13 +862,13 @@ fn access_log(
     let line = match format {
         AccessLog::Json => serde_json::json!({
             "ts": crate::clock::unix_secs(),
-            "client_ip": ctx.client_ip.to_string(),
+            "client_ip": ctx.client.ip.to_string(),
             "protocol": if session.is_http2() { "h2" } else { "http1" },
             "method": req.method.as_str(),
             "path": req.uri.path(),
             "route": route,
-            "consumer": ctx.identity.consumer.as_deref(),
-            "request_id": ctx.request_id.as_ref().and_then(|(_, id)| id.to_str().ok()),
+            "consumer": ctx.client.identity.consumer.as_deref(),
+            "request_id": ctx.client.request_id.as_ref().and_then(|id| id.to_str().ok()),
             "status": status,
             "duration_ms": elapsed.as_secs_f64() * 1000.0,
             "decisions": decisions,
@@ -1430,11 +881,11 @@ fn access_log(
                 .collect();
             format!(
                 "{} {} {} route={route} consumer={} request_id={} status={status} duration_ms={:.3} decisions={}",
-                ctx.client_ip,
+                ctx.client.ip,
                 req.method,
                 req.uri.path(),
-                ctx.identity.consumer.as_deref().unwrap_or("-"),
-                ctx.request_id.as_ref().and_then(|(_, id)| id.to_str().ok()).unwrap_or("-"),
+                ctx.client.identity.consumer.as_deref().unwrap_or("-"),
+                ctx.client.request_id.as_ref().and_then(|id| id.to_str().ok()).unwrap_or("-"),
                 elapsed.as_secs_f64() * 1000.0,
                 d.join(",")
             )
