@@ -3,6 +3,7 @@
 mod admit;
 pub mod connection;
 pub mod decode;
+mod log;
 mod refusal;
 pub mod usage;
 
@@ -19,12 +20,10 @@ use pingora::upstreams::peer::{HttpPeer, Peer};
 
 use crate::auth;
 use crate::config::RetryOn;
-use crate::config::{AccessLog, AuthMode, Metering, PathMatch, Target};
+use crate::config::{AuthMode, Metering, PathMatch, Target};
 use crate::gateway::{App, Gateway};
 use crate::key;
 use crate::limiter::{Charge, Settled};
-use crate::routing::UNMATCHED;
-use crate::upstream;
 use admit::Admitted;
 use connection::ClientConn;
 use decode::BodyMeter;
@@ -74,23 +73,6 @@ pub struct Ctx {
 impl Drop for Ctx {
     fn drop(&mut self) {
         self.app.request_ended();
-    }
-}
-
-impl Ctx {
-    fn route_name(&self) -> &str {
-        match (&self.gateway, self.route.id) {
-            (Some(g), Some(i)) => &g.config.routes[i].name,
-            _ => UNMATCHED,
-        }
-    }
-
-    /// The `route` label of this request's metrics (its route's `metrics_as`, if set).
-    fn route_label(&self) -> &str {
-        match (&self.gateway, self.route.id) {
-            (Some(g), Some(i)) => g.config.routes[i].label(),
-            _ => UNMATCHED,
-        }
     }
 }
 
@@ -317,7 +299,7 @@ impl ProxyHttp for Proxy {
                     .inc();
                 408
             }
-            _ if client_went_away(e) => 0, // nobody to answer; counted as 499
+            _ if log::client_went_away(e) => 0, // nobody to answer; counted as 499
             (ErrorSource::Downstream, _) => 400,
             _ => 500,
         };
@@ -422,56 +404,7 @@ impl ProxyHttp for Proxy {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        if let Some(conn) = ClientConn::of(session.stream()) {
-            conn.request_finished(wire_length(session));
-        }
-        let status = match e {
-            // nginx's 499: the client went away before the response was complete,
-            // whatever part of it was already written.
-            Some(e) if client_went_away(e) => 499,
-            _ => session
-                .response_written()
-                .map(|r| r.status.as_u16())
-                .unwrap_or(if e.is_some() { 502 } else { 0 }),
-        };
-        if !ctx.charges.is_empty() {
-            // Not settled by an upstream's response: sluice's own answer, a failed
-            // upstream, or a client that went away (status 499, or none written).
-            // Going away from an upstream's 2xx is no refund (DESIGN §17): the response
-            // settles by that status, as a cut stream does.
-            let sent = match status {
-                0 | 499 => ctx.upstream_status.filter(|s| (200..300).contains(s)),
-                s => Some(s),
-            };
-            settle(ctx, sent, None, true).await;
-        }
-        let route = ctx.route_name();
-        let label = ctx.route_label();
-        let elapsed = ctx.started.elapsed();
-        let m = &self.app.metrics;
-        let protocol = if session.is_http2() { "h2" } else { "http1" };
-        let code = http::StatusCode::from_u16(status).ok();
-        m.http_requests
-            .with_label_values(&[protocol, label, code.as_ref().map_or("0", |c| c.as_str())])
-            .inc();
-        m.http_duration
-            .with_label_values(&[label])
-            .observe(elapsed.as_secs_f64());
-        let Some(gateway) = &ctx.gateway else { return };
-        if let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route.id) {
-            if let Target::Upstream(u) = gateway.config.routes[r].target {
-                if let (Some(addr), Some(ok)) = (ctx.upstream_tried.last(), upstream::outcome(e)) {
-                    gateway.upstreams[u].pool.report(*addr, ok);
-                }
-                m.upstream_duration
-                    .with_label_values(&[&gateway.config.upstreams[u].name])
-                    .observe(at.elapsed().as_secs_f64());
-            }
-        }
-        let format = gateway.config.server.access_log;
-        if format != AccessLog::Off {
-            access_log(format, session, ctx, gateway, route, status, elapsed);
-        }
+        log::request_ended(session, e, ctx).await;
     }
 }
 
@@ -703,35 +636,6 @@ fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) 
     Ok(())
 }
 
-/// Whether `e` is the client closing or breaking its connection before the response
-/// was complete (Pingora: "Downstream ConnectionClosed ... Prematurely before response
-/// header is sent", a failed read or write on the client side, or an HTTP/2 stream the
-/// client reset: "Client closed H2").
-fn client_went_away(e: &Error) -> bool {
-    e.esource() == &pingora::ErrorSource::Downstream
-        && matches!(
-            e.etype(),
-            ErrorType::WriteError
-                | ErrorType::ReadError
-                | ErrorType::ConnectionClosed
-                | ErrorType::H2Error
-        )
-}
-
-/// How many bytes an HTTP/1 request took on the wire, when that is known exactly: its
-/// header plus a Content-Length body (Pingora reads or drains exactly that much before
-/// it reuses the connection). Chunked bodies: unknown.
-fn wire_length(session: &Session) -> Option<u64> {
-    let pingora::protocols::http::ServerSession::H1(h1) = session.as_downstream() else {
-        return None;
-    };
-    let req = h1.req_header();
-    if req.headers.contains_key(http::header::TRANSFER_ENCODING) {
-        return None;
-    }
-    Some(h1.get_headers_raw_bytes().len() as u64 + content_length(req).unwrap_or(0))
-}
-
 /// The most of a metered body read whole (DESIGN §12, §17); a larger one gets 413.
 const BOUND_BODY_LIMIT: u64 = 1 << 20;
 /// The most of a body read before the upstream request that Pingora sends on to it (its
@@ -835,64 +739,6 @@ fn content_length(req: &RequestHeader) -> Option<u64> {
         .trim()
         .parse()
         .ok()
-}
-
-fn access_log(
-    format: AccessLog,
-    session: &Session,
-    ctx: &Ctx,
-    gateway: &Gateway,
-    route: &str,
-    status: u16,
-    elapsed: Duration,
-) {
-    use std::io::Write;
-    let req = session.req_header();
-    let decisions: serde_json::Map<String, serde_json::Value> = ctx
-        .limits
-        .decisions
-        .iter()
-        .map(|d| {
-            (
-                gateway.config.policies[d.policy].name.clone(),
-                d.decision.label().into(),
-            )
-        })
-        .collect();
-    let line = match format {
-        AccessLog::Json => serde_json::json!({
-            "ts": crate::clock::unix_secs(),
-            "client_ip": ctx.client.ip.to_string(),
-            "protocol": if session.is_http2() { "h2" } else { "http1" },
-            "method": req.method.as_str(),
-            "path": req.uri.path(),
-            "route": route,
-            "consumer": ctx.client.identity.consumer.as_deref(),
-            "request_id": ctx.client.request_id.as_ref().and_then(|id| id.to_str().ok()),
-            "status": status,
-            "duration_ms": elapsed.as_secs_f64() * 1000.0,
-            "decisions": decisions,
-        })
-        .to_string(),
-        _ => {
-            let d: Vec<String> = decisions
-                .iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                .collect();
-            format!(
-                "{} {} {} route={route} consumer={} request_id={} status={status} duration_ms={:.3} decisions={}",
-                ctx.client.ip,
-                req.method,
-                req.uri.path(),
-                ctx.client.identity.consumer.as_deref().unwrap_or("-"),
-                ctx.client.request_id.as_ref().and_then(|id| id.to_str().ok()).unwrap_or("-"),
-                elapsed.as_secs_f64() * 1000.0,
-                d.join(",")
-            )
-        }
-    };
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
 }
 
 /// The methods `retries` may send again once the upstream has seen them (DESIGN §20).
