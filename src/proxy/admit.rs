@@ -9,8 +9,11 @@ use bytes::Bytes;
 use pingora::http::RequestHeader;
 use pingora::prelude::*;
 
+use super::metering::request::{
+    ask_for_usage, content_length, read_body, request_bound, BodyNeeds, RequestBody,
+};
 use super::refusal::{Denied, Refusal};
-use super::{content_length, read_body, usage, BodyNeeds, Ctx, RequestBody};
+use super::Ctx;
 use crate::auth::{self, Identity, Presented};
 use crate::config::{AuthMode, Config, RedirectTo, Route, Scheme, Target, AUTH_FAILURES};
 use crate::gateway::Gateway;
@@ -181,11 +184,11 @@ fn body_size(
     config: &Config,
     route: &Route,
 ) -> Result<(), Refusal<'static>> {
-    ctx.body_limit = route
+    ctx.body.limit = route
         .max_request_body
         .unwrap_or(config.server.max_request_body);
     let length = content_length(session.req_header());
-    if ctx.body_limit > 0 && length.is_some_and(|n| n > ctx.body_limit) {
+    if ctx.body.limit > 0 && length.is_some_and(|n| n > ctx.body.limit) {
         return Err(Refusal::BodyTooLarge);
     }
     Ok(())
@@ -297,20 +300,20 @@ async fn body<'g>(
     if !needs.bound && !needs.usage {
         return Ok(None);
     }
-    let mut request_bound = None;
+    let mut bound = None;
     match read_body(session).await? {
         RequestBody::Whole(body) => {
             if needs.bound {
-                request_bound = usage::request_bound(&body);
+                bound = request_bound(&body);
             }
-            let asked = needs.usage.then(|| usage::ask_for_usage(&body)).flatten();
-            ctx.request_body = Some(asked.map_or(body, Bytes::from));
+            let asked = needs.usage.then(|| ask_for_usage(&body)).flatten();
+            ctx.body.whole = Some(asked.map_or(body, Bytes::from));
         }
-        RequestBody::Unknown if needs.usage => ctx.held_body = Some(Vec::new()),
+        RequestBody::Unknown if needs.usage => ctx.body.held = Some(Vec::new()),
         RequestBody::Unknown | RequestBody::Empty => {}
         RequestBody::TooLarge => return Err(Refusal::MeteredBodyTooLarge),
     }
-    Ok(request_bound)
+    Ok(bound)
 }
 
 /// The route's policies decide; a denial is refused with its rate headers, an allowed
@@ -349,7 +352,7 @@ async fn limits<'g>(
         response::rate_limit_headers(config.server.headers, policies, &outcome.policies);
     limits.decisions = outcome.policies;
     limits.leases = outcome.leases;
-    ctx.charges = outcome.charges;
+    ctx.metering.charges = outcome.charges;
     if let Some(denial) = outcome.denial {
         let reject = response::reject_body(policies, &ctx.limits.decisions, &denial);
         return Err(Refusal::Denied(Box::new(Denied { denial, reject })));

@@ -6,7 +6,8 @@ use std::time::Duration;
 use pingora::prelude::*;
 
 use super::connection::ClientConn;
-use super::{content_length, settle, Ctx};
+use super::metering::request::content_length;
+use super::Ctx;
 use crate::config::{AccessLog, Target};
 use crate::gateway::Gateway;
 use crate::routing::UNMATCHED;
@@ -18,16 +19,22 @@ pub async fn request_ended(session: &mut Session, e: Option<&Error>, ctx: &mut C
         conn.request_finished(wire_length(session));
     }
     let status = status(session, e);
-    if !ctx.charges.is_empty() {
+    if !ctx.metering.charges.is_empty() {
         // Not settled by an upstream's response: sluice's own answer, a failed
         // upstream, or a client that went away (status 499, or none written).
         // Going away from an upstream's 2xx is no refund (DESIGN §17): the response
         // settles by that status, as a cut stream does.
         let sent = match status {
-            0 | 499 => ctx.upstream_status.filter(|s| (200..300).contains(s)),
+            0 | 499 => ctx
+                .metering
+                .upstream_status
+                .filter(|s| (200..300).contains(s)),
             s => Some(s),
         };
-        settle(ctx, sent, None, true).await;
+        let gateway = ctx.gateway.as_deref();
+        ctx.metering
+            .settle(gateway, ctx.route.id, sent, None, true)
+            .await;
     }
     let elapsed = ctx.started.elapsed();
     count(session, ctx, status, elapsed);

@@ -2,10 +2,9 @@
 
 mod admit;
 pub mod connection;
-pub mod decode;
 mod log;
+pub mod metering;
 mod refusal;
-pub mod usage;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,13 +19,12 @@ use pingora::upstreams::peer::{HttpPeer, Peer};
 
 use crate::auth;
 use crate::config::RetryOn;
-use crate::config::{AuthMode, Metering, PathMatch, Target};
+use crate::config::{AuthMode, PathMatch, Target};
 use crate::gateway::{App, Gateway};
 use crate::key;
-use crate::limiter::{Charge, Settled};
 use admit::Admitted;
 use connection::ClientConn;
-use decode::BodyMeter;
+use metering::request::content_length;
 use refusal::Extra;
 
 pub struct Proxy {
@@ -41,21 +39,8 @@ pub struct Ctx {
     route: admit::Routed,
     client: admit::Client,
     limits: admit::Limits,
-    /// Charges of metered policies the response settles (DESIGN §12).
-    charges: Vec<Charge>,
-    /// `cost = { usage = … }`: the upstream's body read as it passes (through its
-    /// Content-Encoding), and whether it ended whole (a cut stream has no usable cost).
-    usage: Option<BodyMeter>,
-    body_ended: bool,
-    /// The upstream's status once its response header came: a client that goes away
-    /// from a 2xx keeps its charges (DESIGN §17).
-    upstream_status: Option<u16>,
-    /// A metered request's body, read whole before the decision and sent on as this
-    /// (DESIGN §12, §17): what Pingora replays of it from its retry buffer is replaced.
-    request_body: Option<Bytes>,
-    /// A body of unknown length on a `usage = "openai"` route, held until it ends to be
-    /// asked for its usage (DESIGN §17).
-    held_body: Option<Vec<u8>>,
+    metering: metering::Metering,
+    body: metering::request::Body,
     upstream_started: Option<Instant>,
     /// Servers tried for this request, in order; the last one is answering it.
     upstream_tried: Vec<std::net::SocketAddr>,
@@ -65,9 +50,6 @@ pub struct Ctx {
     retry_status: bool,
     /// A response header of the upstream went on to the client: no more retries.
     upstream_answered: bool,
-    /// The route's `max_request_body` (0 = unlimited) and the body bytes seen so far.
-    body_limit: u64,
-    body_seen: u64,
 }
 
 impl Drop for Ctx {
@@ -93,19 +75,13 @@ impl ProxyHttp for Proxy {
             route: admit::Routed::default(),
             client: admit::Client::new(),
             limits: admit::Limits::default(),
-            charges: Vec::new(),
-            usage: None,
-            body_ended: false,
-            upstream_status: None,
-            request_body: None,
-            held_body: None,
+            metering: metering::Metering::default(),
+            body: metering::request::Body::default(),
             upstream_started: None,
             upstream_tried: Vec::new(),
             retry: None,
             retry_status: false,
             upstream_answered: false,
-            body_limit: 0,
-            body_seen: 0,
         }
     }
 
@@ -147,25 +123,7 @@ impl ProxyHttp for Proxy {
         end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        if let Some(whole) = &ctx.request_body {
-            // Read before the decision: what Pingora replays (the last 64 KiB or less of
-            // it, once per upstream tried) is the end of this; the whole goes instead.
-            if body.is_some() {
-                *body = Some(whole.clone());
-            }
-            return Ok(());
-        }
-        // A chunked (or HTTP/2) body has no length up front: stop it at the limit.
-        if let (Some(chunk), 1..) = (body.as_ref(), ctx.body_limit) {
-            ctx.body_seen += chunk.len() as u64;
-            if ctx.body_seen > ctx.body_limit {
-                return Error::e_explain(ErrorType::HTTPStatus(413), "max_request_body exceeded");
-            }
-        }
-        if let Some(held) = &mut ctx.held_body {
-            hold_body(held, body, end_of_stream)?;
-        }
-        Ok(())
+        ctx.body.filter(body, end_of_stream)
     }
 
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
@@ -365,10 +323,11 @@ impl ProxyHttp for Proxy {
         }
         // An informational response (100 Continue) settles nothing: the final one follows.
         let interim = resp.status.is_informational() && resp.status.as_u16() != 101;
-        if !ctx.charges.is_empty() && !interim {
-            ctx.upstream_status = Some(resp.status.as_u16());
-            ctx.usage = usage_meter(ctx, resp);
-            settle(ctx, Some(resp.status.as_u16()), Some(&resp.headers), false).await;
+        if !ctx.metering.charges.is_empty() && !interim {
+            let gateway = ctx.gateway.as_deref();
+            ctx.metering
+                .response_started(gateway, ctx.route.id, resp)
+                .await;
         }
         if let Some(gateway) = &ctx.gateway {
             let extra = Extra::of(ctx, gateway);
@@ -391,15 +350,7 @@ impl ProxyHttp for Proxy {
         end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<Option<Duration>> {
-        if let Some(meter) = &mut ctx.usage {
-            if let Some(bytes) = body {
-                meter.feed(bytes);
-            }
-            if end_of_stream && !ctx.body_ended {
-                meter.finish();
-                ctx.body_ended = true;
-            }
-        }
+        ctx.metering.body(body, end_of_stream);
         Ok(None)
     }
 
@@ -408,132 +359,31 @@ impl ProxyHttp for Proxy {
     }
 }
 
-/// Settles the request's metered charges (DESIGN §12) by the response's status (None:
-/// the client went away before one was sent), from an upstream its header, and once the
-/// response has `ended`, its body's usage; until then charges by usage stay pending.
-async fn settle(
-    ctx: &mut Ctx,
-    status: Option<u16>,
-    upstream: Option<&http::HeaderMap>,
-    ended: bool,
-) {
-    let (Some(gateway), Some(route)) = (ctx.gateway.clone(), ctx.route.id) else {
-        return;
-    };
-    let policies = &gateway.config.policies;
-    let success = status.is_some_and(|s| (200..300).contains(&s));
-    let usage = ctx.usage.as_ref().filter(|_| ctx.body_ended);
-    let mut pending = Vec::new();
-    let mut settled = Vec::with_capacity(ctx.charges.len());
-    for charge in std::mem::take(&mut ctx.charges) {
-        let how = match (&policies[charge.policy].metering, status) {
-            (Some(Metering::Usage(_)), _) if !ended => {
-                pending.push(charge);
-                continue;
-            }
-            (Some(Metering::Usage(format)), _) => usage
-                .and_then(|meter| meter.cost(*format))
-                .map_or(Settled::Missing { kept: success }, Settled::Cost),
-            (Some(m @ Metering::Status(_)), Some(s)) if !m.counts(s) => Settled::Refunded,
-            (Some(Metering::Status(_)), _) => Settled::Kept,
-            (Some(Metering::Header(name)), _) => upstream
-                .and_then(|h| h.get(name))
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map_or(Settled::Missing { kept: success }, Settled::Cost),
-            _ => Settled::Missing { kept: success },
-        };
-        settled.push((charge, how));
-    }
-    ctx.charges = pending;
-    if !settled.is_empty() {
-        gateway.limiter.settle(route, policies, settled).await;
-    }
-}
-
-/// A meter for the upstream's body when a charge waits for its usage, and the body can be
-/// read: as it is, or through a coding sluice decodes (DESIGN §17); another coding's usage
-/// is unreadable, so it is charged as missing.
-fn usage_meter(ctx: &Ctx, resp: &ResponseHeader) -> Option<BodyMeter> {
-    let gateway = ctx.gateway.as_ref()?;
-    let policies = &gateway.config.policies;
-    let waits = ctx
-        .charges
-        .iter()
-        .any(|c| matches!(policies[c.policy].metering, Some(Metering::Usage(_))));
-    if !waits {
-        return None;
-    }
-    let headers = &resp.headers;
-    BodyMeter::new(
-        headers
-            .get(http::header::CONTENT_TYPE)
-            .map(|t| t.as_bytes()),
-        headers
-            .get_all(http::header::CONTENT_ENCODING)
-            .iter()
-            .map(|e| e.as_bytes()),
-    )
-}
-
 /// What a metered request tells its upstream (DESIGN §12, §17): the length of a body read
 /// whole (asked for its usage, it has grown), and where a charge waits for the response's
 /// cost, `Accept-Encoding: identity` (the client's own preference is not passed on).
 fn metered_request(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
-    if let Some(body) = &ctx.request_body {
+    if let Some(body) = &ctx.body.whole {
         if content_length(upstream) != Some(body.len() as u64) {
             upstream.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
         }
         // The client was told to go on and has sent it all.
         upstream.remove_header(&http::header::EXPECT);
     }
-    if ctx.held_body.is_some() {
+    if ctx.body.held.is_some() {
         // Sent chunked (or as HTTP/2 DATA) whatever its length turns out to be.
         upstream.remove_header(&http::header::CONTENT_LENGTH);
     }
-    if ctx.charges.is_empty() {
+    if ctx.metering.charges.is_empty() {
         return Ok(());
     }
     let Some(gateway) = &ctx.gateway else {
         return Ok(());
     };
-    let policies = &gateway.config.policies;
-    let by_response = ctx.charges.iter().any(|c| {
-        matches!(
-            policies[c.policy].metering,
-            Some(Metering::Usage(_) | Metering::Header(_))
-        )
-    });
-    if by_response {
+    if ctx.metering.by_response(&gateway.config.policies) {
         upstream.insert_header(http::header::ACCEPT_ENCODING, "identity")?;
     }
     Ok(())
-}
-
-/// What a route's policies need of a request's body before it is sent on.
-struct BodyNeeds {
-    /// `reserve = "request"`: its bound, before the decision (DESIGN §12).
-    bound: bool,
-    /// `usage = "openai"`: a stream asked for its usage (DESIGN §17).
-    usage: bool,
-}
-
-impl BodyNeeds {
-    fn of(config: &crate::config::Config, route: &crate::config::Route) -> BodyNeeds {
-        let mut needs = BodyNeeds {
-            bound: false,
-            usage: false,
-        };
-        for &id in &route.policies {
-            let policy = &config.policies[id];
-            needs.bound |= policy.reserve_request.is_some();
-            needs.usage |= matches!(
-                policy.metering,
-                Some(Metering::Usage(crate::config::UsageFormat::OpenAi))
-            );
-        }
-        needs
-    }
 }
 
 /// The route's changes to the upstream request: the path in its normal form (`normal`,
@@ -634,111 +484,6 @@ fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) 
         }
     }
     Ok(())
-}
-
-/// The most of a metered body read whole (DESIGN §12, §17); a larger one gets 413.
-const BOUND_BODY_LIMIT: u64 = 1 << 20;
-/// The most of a body read before the upstream request that Pingora sends on to it (its
-/// retry buffer).
-const REPLAYED_BODY_LIMIT: u64 = 64 * 1024;
-
-/// A metered request's body, as read before the decision.
-enum RequestBody {
-    Whole(Bytes),
-    Empty,
-    /// Of a length not known up front (chunked, or HTTP/2 without content-length): not
-    /// read before the decision (see `read_body`).
-    Unknown,
-    /// Over 1 MiB, or one that could not be sent on once read: 413.
-    TooLarge,
-}
-
-/// Reads a metered request's body whole, up to 1 MiB, before the decision (DESIGN §12,
-/// §17); `request_body_filter` sends it on.
-///
-/// Pingora sends on what was read before the upstream request from its retry buffer, which
-/// holds 64 KiB, and only when it holds everything read since it was enabled. So it is
-/// enabled once at most 64 KiB of the body are left: it then holds the body's end, the
-/// one chunk Pingora sends, which `request_body_filter` replaces with the whole. (Each read
-/// takes at most 64 KiB; only the bytes that came with a header larger than that could end
-/// the body in the first read: that body cannot be sent on, and gets 413.) A body of
-/// unknown length cannot be read so: its end is known only once read.
-async fn read_body(session: &mut Session) -> Result<RequestBody> {
-    let req = session.req_header();
-    if req.headers.contains_key(http::header::TRANSFER_ENCODING) {
-        return Ok(RequestBody::Unknown);
-    }
-    let Some(length) = content_length(req) else {
-        // HTTP/1.1 without either header has no body; HTTP/2 may send one without.
-        return Ok(match session.is_body_empty() {
-            true => RequestBody::Empty,
-            false => RequestBody::Unknown,
-        });
-    };
-    if length > BOUND_BODY_LIMIT {
-        return Ok(RequestBody::TooLarge);
-    }
-    if length == 0 {
-        return Ok(RequestBody::Empty);
-    }
-    let expects = req.headers.get(http::header::EXPECT);
-    if expects.is_some_and(|e| e.as_bytes().eq_ignore_ascii_case(b"100-continue")) {
-        // The body is read here, not by the upstream: the client is told to send it.
-        session.write_continue_response().await?;
-    }
-    let mut body = Vec::with_capacity(length as usize);
-    let mut buffering = false;
-    loop {
-        if !buffering && length - body.len() as u64 <= REPLAYED_BODY_LIMIT {
-            session.enable_retry_buffering();
-            buffering = true;
-        }
-        match session.read_request_body().await? {
-            Some(chunk) => body.extend_from_slice(&chunk),
-            None => break,
-        }
-        if body.len() as u64 > length {
-            return Ok(RequestBody::TooLarge);
-        }
-    }
-    if body.len() as u64 != length || session.get_retry_buffer().is_none() {
-        return Ok(RequestBody::TooLarge);
-    }
-    Ok(RequestBody::Whole(Bytes::from(body)))
-}
-
-/// Holds a body of unknown length on a `usage = "openai"` route until it ends, then sends
-/// it whole, asked for its usage (DESIGN §17); over 1 MiB it is refused as a metered body.
-fn hold_body(held: &mut Vec<u8>, body: &mut Option<Bytes>, end_of_stream: bool) -> Result<()> {
-    if let Some(chunk) = body.take() {
-        if (held.len() + chunk.len()) as u64 > BOUND_BODY_LIMIT {
-            return Error::e_explain(ErrorType::HTTPStatus(413), "metered body over 1 MiB");
-        }
-        held.extend_from_slice(&chunk);
-    }
-    if !end_of_stream {
-        // Nothing to send yet (None would end the upstream's body).
-        *body = Some(Bytes::new());
-        return Ok(());
-    }
-    // Taken, not dropped: a retried upstream is sent the replayed body, asked again.
-    let whole = std::mem::take(held);
-    *body = Some(match usage::ask_for_usage(&whole) {
-        Some(asked) => Bytes::from(asked),
-        None => Bytes::from(whole),
-    });
-    Ok(())
-}
-
-/// The declared body length, if any (Pingora has already rejected malformed values).
-fn content_length(req: &RequestHeader) -> Option<u64> {
-    req.headers
-        .get(http::header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// The methods `retries` may send again once the upstream has seen them (DESIGN §20).
