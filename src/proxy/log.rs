@@ -76,11 +76,11 @@ fn count(session: &Session, ctx: &Ctx, status: u16, elapsed: Duration) {
 
 /// The answering server's passive health, and the upstream's duration.
 fn upstream_ended(ctx: &Ctx, gateway: &Gateway, e: Option<&Error>) {
-    let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route.id) else {
+    let (Some(at), Some(r)) = (ctx.tries.started, ctx.route.id) else {
         return;
     };
     if let Target::Upstream(u) = gateway.config.routes[r].target {
-        if let (Some(addr), Some(ok)) = (ctx.upstream_tried.last(), upstream::outcome(e)) {
+        if let (Some(addr), Some(ok)) = (ctx.tries.servers.last(), upstream::outcome(e)) {
             gateway.upstreams[u].pool.report(*addr, ok);
         }
         ctx.app
