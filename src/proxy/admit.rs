@@ -92,7 +92,11 @@ pub async fn admit<'g>(
     if route.auth != AuthMode::Off {
         authenticate(session, ctx, gateway, route_id).await?;
     }
-    let request_bound = body(session, ctx, config, route).await?;
+    let needs = BodyNeeds::of(config, route);
+    let request_bound = match needs.bound || needs.usage {
+        true => body(session, ctx, needs).await?,
+        false => None,
+    };
     limits(session, ctx, gateway, route_id, &asked, request_bound).await?;
     answer(session, route, &asked.host)
 }
@@ -293,13 +297,8 @@ async fn count_failure(
 async fn body<'g>(
     session: &mut Session,
     ctx: &mut Ctx,
-    config: &Config,
-    route: &Route,
+    needs: BodyNeeds,
 ) -> Result<Option<u64>, Refusal<'g>> {
-    let needs = BodyNeeds::of(config, route);
-    if !needs.bound && !needs.usage {
-        return Ok(None);
-    }
     let mut bound = None;
     match read_body(session).await? {
         RequestBody::Whole(body) => {
