@@ -1,5 +1,6 @@
 //! Admission: the steps a request passes before it is forwarded (client, deny, normalise,
 //! route, body size, auth, body, limits, the route's own answer); each refuses or goes on.
+//! Owns the `route`, `client` and `limits` groups of the per-request context.
 
 use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr};
@@ -18,7 +19,7 @@ use crate::auth::{self, Identity, Presented};
 use crate::config::{AuthMode, Config, RedirectTo, Route, Scheme, Target, AUTH_FAILURES};
 use crate::gateway::Gateway;
 use crate::key::{self, RequestFacts};
-use crate::limiter::{Denial, Lease, PolicyOutcome};
+use crate::limiter::{Denial, Lease, Outcome, PolicyOutcome};
 use crate::response::{self, AuthRefusal};
 use crate::routing;
 
@@ -97,7 +98,25 @@ pub async fn admit<'g>(
         true => body(session, ctx, needs).await?,
         false => None,
     };
-    limits(session, ctx, gateway, route_id, &asked, request_bound).await?;
+    // The decision is awaited here, not in a step of its own: one future less to build.
+    let client_cert = crate::tls::client_cert_id(session.digest());
+    let facts = facts(
+        session,
+        ctx,
+        route,
+        &asked,
+        client_cert.as_deref(),
+        request_bound,
+    );
+    let policies = &config.policies;
+    let outcome = gateway
+        .limiter
+        .decide(route_id, policies, &route.policies, &facts)
+        .await;
+    let wait_ms = decided(ctx, config, outcome)?;
+    if wait_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+    }
     answer(session, route, &asked.host)
 }
 
@@ -315,21 +334,17 @@ async fn body<'g>(
     Ok(bound)
 }
 
-/// The route's policies decide; a denial is refused with its rate headers, an allowed
-/// request held for as long as they say.
-async fn limits<'g>(
-    session: &Session,
-    ctx: &mut Ctx,
-    gateway: &'g Gateway,
-    route_id: usize,
-    asked: &Asked,
+/// What the route's policies key and decide on.
+fn facts<'a>(
+    session: &'a Session,
+    ctx: &'a Ctx,
+    route: &'a Route,
+    asked: &'a Asked,
+    client_cert: Option<&'a str>,
     request_bound: Option<u64>,
-) -> Result<(), Refusal<'g>> {
-    let config = &gateway.config;
-    let route = &config.routes[route_id];
+) -> RequestFacts<'a> {
     let req = session.req_header();
-    let client_cert = crate::tls::client_cert_id(session.digest());
-    let facts = RequestFacts {
+    RequestFacts {
         client_ip: ctx.client.ip,
         method: &asked.method,
         host: &asked.host,
@@ -337,15 +352,16 @@ async fn limits<'g>(
         query: req.uri.query(),
         headers: &req.headers,
         route: &route.name,
-        client_cert: client_cert.as_deref(),
+        client_cert,
         identity: &ctx.client.identity,
         request_bound,
-    };
+    }
+}
+
+/// What the route's policies decided, kept for the response and the log; a denial is
+/// refused with its rate headers, an allowed request held for the milliseconds returned.
+fn decided<'g>(ctx: &mut Ctx, config: &'g Config, outcome: Outcome) -> Result<u64, Refusal<'g>> {
     let policies = &config.policies;
-    let outcome = gateway
-        .limiter
-        .decide(route_id, policies, &route.policies, &facts)
-        .await;
     let limits = &mut ctx.limits;
     limits.rate_headers =
         response::rate_limit_headers(config.server.headers, policies, &outcome.policies);
@@ -356,10 +372,7 @@ async fn limits<'g>(
         let reject = response::reject_body(policies, &ctx.limits.decisions, &denial);
         return Err(Refusal::Denied(Box::new(Denied { denial, reject })));
     }
-    if outcome.wait_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(outcome.wait_ms)).await;
-    }
-    Ok(())
+    Ok(outcome.wait_ms)
 }
 
 /// The route's own answer (`respond`, `redirect`), or on to its upstream.

@@ -1,5 +1,6 @@
-//! Forwarding: the peer of each try, retries (DESIGN §20), and the request as the upstream
-//! gets it (the route's edits, identity headers, a metered body's length, X-Forwarded-For).
+//! Forwarding: the peer of each try, retries (DESIGN §20; the `tries` group of the context),
+//! and the request as the upstream gets it (the route's edits, identity headers, a metered
+//! body's length, X-Forwarded-For).
 
 use std::net::SocketAddr;
 use std::time::Instant;

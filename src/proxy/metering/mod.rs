@@ -1,6 +1,6 @@
-//! Charging from the response (DESIGN §12, §17): what a request's metered charges wait
-//! for, the meter that reads the tokens an LLM response reports as its body passes, and
-//! settling the charges once the response is known.
+//! Charging from the response (DESIGN §12, §17): the `metering` group of the context (the
+//! charges a response settles), the meter that reads the tokens an LLM response reports as
+//! its body passes, and settling the charges once the response is known.
 //!
 //! A whole JSON body is walked by a push scanner (`json`) that keeps only the object keys on
 //! the current path (each at most `MAX_KEY` bytes, at most `MAX_DEPTH` deep) and the digits

@@ -1,5 +1,6 @@
 //! The request side of metering (DESIGN §12, §17, §21): a metered request's body read whole
-//! before the decision (or held until it ends), its bound, and a stream asked for its usage.
+//! before the decision (or held until it ends: the `body` group of the context), its bound,
+//! and a stream asked for its usage.
 
 use bytes::Bytes;
 use pingora::http::RequestHeader;
