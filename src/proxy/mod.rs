@@ -1,10 +1,13 @@
-//! The Pingora proxy: route, decide in `request_filter`, forward, count in `logging`.
+//! The Pingora proxy: its hooks in the order Pingora calls them, each handing its phase to
+//! the file that owns it (`admit` and `refusal`, `forward`, `metering`, `log`).
 
+mod admit;
 pub mod connection;
-pub mod decode;
-pub mod usage;
+mod forward;
+mod log;
+pub mod metering;
+mod refusal;
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,22 +17,12 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::modules::http::HttpModules;
 use pingora::prelude::*;
 use pingora::proxy::FailToProxy;
-use pingora::upstreams::peer::{HttpPeer, Peer};
+use pingora::upstreams::peer::HttpPeer;
 
-use crate::auth::{self, Identity, Presented};
-use crate::config::RetryOn;
-use crate::config::{
-    AccessLog, AuthMode, HeaderRules, Metering, PathMatch, RedirectTo, Scheme, Target,
-    AUTH_FAILURES,
-};
 use crate::gateway::{App, Gateway};
-use crate::key::{self, RequestFacts};
-use crate::limiter::{Charge, Lease, PolicyOutcome, Settled};
-use crate::response;
-use crate::routing::{self, UNMATCHED};
-use crate::upstream;
+use admit::Admitted;
 use connection::ClientConn;
-use decode::BodyMeter;
+use refusal::Extra;
 
 pub struct Proxy {
     pub app: Arc<App>,
@@ -40,167 +33,17 @@ pub struct Ctx {
     app: Arc<App>,
     started: Instant,
     gateway: Option<Arc<Gateway>>,
-    route: Option<usize>,
-    client_ip: IpAddr,
-    decisions: Vec<PolicyOutcome>,
-    rate_headers: Vec<(&'static str, String)>,
-    /// Concurrency slots, released when the request ends (dropped with the context).
-    leases: Vec<Lease>,
-    /// Charges of metered policies the response settles (DESIGN §12).
-    charges: Vec<Charge>,
-    /// `cost = { usage = … }`: the upstream's body read as it passes (through its
-    /// Content-Encoding), and whether it ended whole (a cut stream has no usable cost).
-    usage: Option<BodyMeter>,
-    body_ended: bool,
-    /// The upstream's status once its response header came: a client that goes away
-    /// from a 2xx keeps its charges (DESIGN §17).
-    upstream_status: Option<u16>,
-    /// A metered request's body, read whole before the decision and sent on as this
-    /// (DESIGN §12, §17): what Pingora replays of it from its retry buffer is replaced.
-    request_body: Option<Bytes>,
-    /// A body of unknown length on a `usage = "openai"` route, held until it ends to be
-    /// asked for its usage (DESIGN §17).
-    held_body: Option<Vec<u8>>,
-    upstream_started: Option<Instant>,
-    /// Servers tried for this request, in order; the last one is answering it.
-    upstream_tried: Vec<std::net::SocketAddr>,
-    /// The upstream's `retries` (DESIGN §20): this request's tries, counted in its budget.
-    retry: Option<crate::upstream::Tries>,
-    /// A retry on the upstream's status was granted: the error that ends this try says so.
-    retry_status: bool,
-    /// A response header of the upstream went on to the client: no more retries.
-    upstream_answered: bool,
-    /// The route's `max_request_body` (0 = unlimited) and the body bytes seen so far.
-    body_limit: u64,
-    body_seen: u64,
-    /// Who is asking (anonymous unless a credential checked out), and which credentials
-    /// were presented (for `hide_credentials`).
-    identity: Identity,
-    presented: Presented,
-    /// `[server] request_id`: its header and this request's id.
-    request_id: Option<(http::HeaderName, http::HeaderValue)>,
-    /// The request's path in its normal form (DESIGN §17), when the client spelled it
-    /// otherwise: the upstream gets it (the access log keeps the path as sent).
-    path: Option<String>,
+    route: admit::Routed,
+    client: admit::Client,
+    limits: admit::Limits,
+    metering: metering::Metering,
+    body: metering::request::Body,
+    tries: forward::Tries,
 }
 
 impl Drop for Ctx {
     fn drop(&mut self) {
         self.app.request_ended();
-    }
-}
-
-impl Ctx {
-    fn route_name(&self) -> &str {
-        match (&self.gateway, self.route) {
-            (Some(g), Some(i)) => &g.config.routes[i].name,
-            _ => UNMATCHED,
-        }
-    }
-
-    /// The `route` label of this request's metrics (its route's `metrics_as`, if set).
-    fn route_label(&self) -> &str {
-        match (&self.gateway, self.route) {
-            (Some(g), Some(i)) => g.config.routes[i].label(),
-            _ => UNMATCHED,
-        }
-    }
-}
-
-/// What every answer of sluice's own carries besides its own headers (DESIGN §14): the
-/// route's `response_headers` rules and the request id.
-#[derive(Clone, Copy, Default)]
-struct Extra<'a> {
-    rules: Option<&'a HeaderRules>,
-    request_id: Option<&'a (http::HeaderName, http::HeaderValue)>,
-}
-
-impl<'a> Extra<'a> {
-    fn of(ctx: &'a Ctx, gateway: &'a Gateway) -> Extra<'a> {
-        Extra {
-            rules: ctx
-                .route
-                .map(|r| &gateway.config.routes[r].response_headers)
-                .filter(|r| !r.is_empty()),
-            request_id: ctx.request_id.as_ref(),
-        }
-    }
-
-    /// The route's rules first, so sluice's own headers (RateLimit, Retry-After, ...) set
-    /// after them always survive.
-    fn apply_rules(&self, resp: &mut ResponseHeader) -> Result<()> {
-        if let Some(rules) = self.rules {
-            for name in &rules.remove {
-                resp.remove_header(name);
-            }
-            for (name, value) in &rules.set {
-                resp.insert_header(name, value)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn apply_request_id(&self, resp: &mut ResponseHeader) -> Result<()> {
-        if let Some((name, value)) = self.request_id {
-            resp.insert_header(name, value)?;
-        }
-        Ok(())
-    }
-}
-
-async fn write_response(
-    session: &mut Session,
-    status: u16,
-    headers: &[(&'static str, String)],
-    content_type: &str,
-    body: Bytes,
-    extra: Extra<'_>,
-) -> Result<()> {
-    let mut resp = ResponseHeader::build(status, Some(headers.len() + 2))?;
-    extra.apply_rules(&mut resp)?;
-    resp.insert_header("Content-Type", content_type)?;
-    resp.insert_header("Content-Length", body.len().to_string())?;
-    for (name, value) in headers {
-        resp.insert_header(*name, value.as_str())?;
-    }
-    extra.apply_request_id(&mut resp)?;
-    let head = session.req_header().method == http::Method::HEAD;
-    session
-        .write_response_header(Box::new(resp), head || body.is_empty())
-        .await?;
-    if !head && !body.is_empty() {
-        session.write_response_body(Some(body), true).await?;
-    }
-    Ok(())
-}
-
-/// A gRPC answer of sluice's own (DESIGN §8): HTTP 200, trailers-only. `headers` carry
-/// `grpc-status`, `grpc-message` and the rate-limit headers, all in one HEADERS frame
-/// with END_STREAM.
-async fn write_grpc(
-    session: &mut Session,
-    headers: &[(&'static str, String)],
-    extra: Extra<'_>,
-) -> Result<()> {
-    let mut resp = ResponseHeader::build(200, Some(headers.len() + 2))?;
-    extra.apply_rules(&mut resp)?;
-    resp.insert_header("Content-Type", response::GRPC)?;
-    if !session.is_http2() {
-        // HTTP/1.1 has no trailers-only form; this at least ends the response cleanly.
-        resp.insert_header("Content-Length", "0")?;
-    }
-    for (name, value) in headers {
-        resp.insert_header(*name, value.as_str())?;
-    }
-    extra.apply_request_id(&mut resp)?;
-    match session.as_downstream_mut() {
-        // Pingora's `Session::write_response_header` never sets END_STREAM on h2 (an empty
-        // DATA frame ends the stream later, or a reset when the session is dropped after a
-        // failure); the h2 session itself can end the stream with the HEADERS frame.
-        pingora::protocols::http::ServerSession::H2(h2) => {
-            h2.write_response_header(Box::new(resp), true)
-        }
-        _ => session.write_response_header(Box::new(resp), true).await,
     }
 }
 
@@ -218,28 +61,12 @@ impl ProxyHttp for Proxy {
             app: self.app.clone(),
             started: Instant::now(),
             gateway: None,
-            route: None,
-            client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            decisions: Vec::new(),
-            rate_headers: Vec::new(),
-            leases: Vec::new(),
-            charges: Vec::new(),
-            usage: None,
-            body_ended: false,
-            upstream_status: None,
-            request_body: None,
-            held_body: None,
-            upstream_started: None,
-            upstream_tried: Vec::new(),
-            retry: None,
-            retry_status: false,
-            upstream_answered: false,
-            body_limit: 0,
-            body_seen: 0,
-            identity: Identity::anonymous(),
-            presented: Presented::default(),
-            request_id: None,
-            path: None,
+            route: admit::Routed::default(),
+            client: admit::Client::new(),
+            limits: admit::Limits::default(),
+            metering: metering::Metering::default(),
+            body: metering::request::Body::default(),
+            tries: forward::Tries::default(),
         }
     }
 
@@ -265,248 +92,36 @@ impl ProxyHttp for Proxy {
         let Some(gateway) = ctx.gateway.clone() else {
             return Err(Error::new(ErrorType::InternalError));
         };
-        let config = &gateway.config;
-        let peer = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-        let req = session.req_header();
-        ctx.client_ip = key::client_ip(
-            peer,
-            &req.headers,
-            &config.server.client_ip_header,
-            &config.server.trusted_proxies,
-        );
-        if let Some(name) = &config.server.request_id {
-            let id = request_id(&req.headers, name, peer, &config.server.trusted_proxies);
-            session.req_header_mut().insert_header(name, &id)?;
-            ctx.request_id = Some((name.clone(), id));
-        }
-        // `[server] deny` (DESIGN §20): before anything else, auth and policies included.
-        if config.server.deny.contains(ctx.client_ip) {
-            self.app.metrics.requests_denied.inc();
-            let extra = Extra::of(ctx, &gateway);
-            if response::is_grpc(&session.req_header().headers) {
-                let denied = response::GrpcStatus::PermissionDenied;
-                let status = response::grpc_status(denied, "client address denied");
-                write_grpc(session, &status, extra).await?;
-            } else {
-                let body = response::denied_client().into();
-                write_response(session, 403, &[], response::PROBLEM, body, extra).await?;
-            }
-            return Ok(true);
-        }
-        if let Some(problem) = host_problem(session.req_header()) {
-            session.set_keepalive(None);
-            let body = response::problem(400, "Bad Request", problem);
-            let extra = Extra::default();
-            write_response(session, 400, &[], response::PROBLEM, body.into(), extra).await?;
-            return Ok(true);
-        }
-        let req = session.req_header();
-        let raw_host = req
-            .uri
-            .host()
-            .or_else(|| {
-                req.headers
-                    .get(http::header::HOST)
-                    .and_then(|h| h.to_str().ok())
-            })
-            .unwrap_or("");
-        let host = routing::normalize_host(raw_host);
-        let path = req.uri.path().to_owned();
-        let method = req.method.as_str().to_owned();
-        let scheme = if session.digest().is_some_and(|d| d.ssl_digest.is_some()) {
-            Scheme::Https
-        } else {
-            Scheme::Http
+        let refusal = match admit::admit(session, ctx, &gateway).await {
+            Ok(Admitted) => return Ok(false),
+            Err(refusal) => refusal,
         };
-
-        let grpc = response::is_grpc(&req.headers);
-        // One path, one spelling (DESIGN §17): routes, keys and the upstream see the
-        // normal form of the path; one that has none is refused.
-        let server = &config.server;
-        let normal = routing::normalize_path(&path, server.merge_slashes, server.escaped_slashes);
-        let normal = match normal {
-            Ok(std::borrow::Cow::Borrowed(_)) => None,
-            Ok(std::borrow::Cow::Owned(normal)) => Some(normal),
-            Err(why) => {
-                let extra = Extra::of(ctx, &gateway);
-                if grpc {
-                    let invalid = response::GrpcStatus::InvalidArgument;
-                    let status = response::grpc_status(invalid, why.detail());
-                    write_grpc(session, &status, extra).await?;
-                } else {
-                    let body = response::problem(400, "Bad Request", why.detail());
-                    write_response(session, 400, &[], response::PROBLEM, body.into(), extra)
-                        .await?;
-                }
-                return Ok(true);
-            }
-        };
-        let path = match normal {
-            Some(normal) => ctx.path.insert(normal).clone(),
-            None => path,
-        };
-        let found =
-            gateway
-                .routes
-                .find(&config.routes, &host, &path, &method, scheme, ctx.client_ip);
-        let Some(route_id) = found else {
-            let extra = Extra::of(ctx, &gateway);
-            if grpc {
-                let status = response::grpc_status(response::GrpcStatus::Unimplemented, "no route");
-                write_grpc(session, &status, extra).await?;
-                return Ok(true);
-            }
-            write_response(
-                session,
-                404,
-                &[],
-                "text/plain",
-                Bytes::from_static(b"no route\n"),
-                extra,
-            )
-            .await?;
-            return Ok(true);
-        };
-        ctx.route = Some(route_id);
-        let route = &config.routes[route_id];
-        ctx.body_limit = route
-            .max_request_body
-            .unwrap_or(config.server.max_request_body);
-        if ctx.body_limit > 0 && content_length(req).is_some_and(|n| n > ctx.body_limit) {
-            // Refused before any policy is charged; the unread body is not drained.
-            session.set_keepalive(None);
-            write_response(
-                session,
-                413,
-                &[],
-                response::PROBLEM,
-                response::body_too_large().into(),
-                Extra::of(ctx, &gateway),
-            )
-            .await?;
-            return Ok(true);
-        }
-        if route.auth != AuthMode::Off
-            && self.authenticate(session, ctx, &gateway, route_id).await?
-        {
-            return Ok(true);
-        }
-        let needs = BodyNeeds::of(config, route);
-        let mut request_bound = None;
-        if needs.bound || needs.usage {
-            match read_body(session).await? {
-                RequestBody::Whole(body) => {
-                    if needs.bound {
-                        request_bound = usage::request_bound(&body);
-                    }
-                    let asked = needs.usage.then(|| usage::ask_for_usage(&body)).flatten();
-                    ctx.request_body = Some(asked.map_or(body, Bytes::from));
-                }
-                RequestBody::Unknown if needs.usage => ctx.held_body = Some(Vec::new()),
-                RequestBody::Unknown | RequestBody::Empty => {}
-                RequestBody::TooLarge => {
-                    session.set_keepalive(None);
-                    let body = response::problem(
-                        413,
-                        "Content Too Large",
-                        "a metered request's body is read for its bound, up to 1 MiB",
-                    );
-                    write_response(
-                        session,
-                        413,
-                        &[],
-                        response::PROBLEM,
-                        body.into(),
-                        Extra::of(ctx, &gateway),
-                    )
-                    .await?;
-                    return Ok(true);
-                }
-            }
-        }
-        let req = session.req_header();
-        let client_cert = crate::tls::client_cert_id(session.digest());
-        let facts = RequestFacts {
-            client_ip: ctx.client_ip,
-            method: &method,
-            host: &host,
-            path: &path,
-            query: req.uri.query(),
-            headers: &req.headers,
-            route: &route.name,
-            client_cert: client_cert.as_deref(),
-            identity: &ctx.identity,
-            request_bound,
-        };
-        let outcome = gateway
-            .limiter
-            .decide(route_id, &config.policies, &route.policies, &facts)
-            .await;
-        ctx.rate_headers = response::rate_limit_headers(
-            config.server.headers,
-            &config.policies,
-            &outcome.policies,
-        );
-        ctx.decisions = outcome.policies;
-        ctx.leases = outcome.leases;
-        ctx.charges = outcome.charges;
-        if let Some(denial) = &outcome.denial {
-            let extra = Extra::of(ctx, &gateway);
-            let body = response::reject_body(&config.policies, &ctx.decisions, denial);
-            write_denial(session, grpc, denial, &ctx.rate_headers, body, extra).await?;
-            return Ok(true);
-        }
-        if outcome.wait_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(outcome.wait_ms)).await;
-        }
         let extra = Extra::of(ctx, &gateway);
-        match &route.target {
-            Target::Respond {
-                status,
-                body,
-                content_type,
-            } => {
-                let body = Bytes::from(body.clone());
-                write_response(
-                    session,
-                    *status,
-                    &ctx.rate_headers,
-                    content_type,
-                    body,
-                    extra,
-                )
-                .await?;
-                Ok(true)
-            }
-            Target::Redirect { to, status } => {
-                let location = match to {
-                    RedirectTo::Location(l) => l.clone(),
-                    RedirectTo::Scheme(s) => {
-                        let scheme = if *s == Scheme::Https { "https" } else { "http" };
-                        format!(
-                            "{scheme}://{host}{}",
-                            target_as_received(session.req_header())
-                        )
-                    }
-                };
-                let mut headers = ctx.rate_headers.clone();
-                headers.push(("Location", location));
-                write_response(
-                    session,
-                    *status,
-                    &headers,
-                    "text/plain",
-                    Bytes::new(),
-                    extra,
-                )
-                .await?;
-                Ok(true)
-            }
-            Target::Upstream(_) => Ok(false),
-        }
+        refusal::write(session, refusal, extra, &ctx.limits.rate_headers).await?;
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        forward::peer(ctx)
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        peer: &HttpPeer,
+        ctx: &mut Ctx,
+        e: Box<Error>,
+    ) -> Box<Error> {
+        forward::connect_failed(ctx, peer, e)
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        forward::upstream_request(session, upstream, ctx)
     }
 
     async fn request_body_filter(
@@ -516,236 +131,17 @@ impl ProxyHttp for Proxy {
         end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        if let Some(whole) = &ctx.request_body {
-            // Read before the decision: what Pingora replays (the last 64 KiB or less of
-            // it, once per upstream tried) is the end of this; the whole goes instead.
-            if body.is_some() {
-                *body = Some(whole.clone());
-            }
-            return Ok(());
-        }
-        // A chunked (or HTTP/2) body has no length up front: stop it at the limit.
-        if let (Some(chunk), 1..) = (body.as_ref(), ctx.body_limit) {
-            ctx.body_seen += chunk.len() as u64;
-            if ctx.body_seen > ctx.body_limit {
-                return Error::e_explain(ErrorType::HTTPStatus(413), "max_request_body exceeded");
-            }
-        }
-        if let Some(held) = &mut ctx.held_body {
-            hold_body(held, body, end_of_stream)?;
-        }
-        Ok(())
+        ctx.body.filter(body, end_of_stream)
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route) else {
-            return Err(Error::new(ErrorType::InternalError));
-        };
-        let Target::Upstream(upstream) = gateway.config.routes[route].target else {
-            return Err(Error::new(ErrorType::InternalError));
-        };
-        let upstream = &gateway.upstreams[upstream];
-        if ctx.retry.is_none() {
-            ctx.retry = upstream.tries();
-        }
-        let (addr, peer) = upstream.peer(ctx.client_ip, &ctx.upstream_tried);
-        ctx.upstream_tried.push(addr);
-        ctx.upstream_started.get_or_insert_with(Instant::now);
-        Ok(peer)
-    }
-
-    fn fail_to_connect(
-        &self,
-        _session: &mut Session,
-        peer: &HttpPeer,
-        ctx: &mut Ctx,
-        mut e: Box<Error>,
-    ) -> Box<Error> {
-        let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route) else {
-            return e;
-        };
-        if let Target::Upstream(upstream) = gateway.config.routes[route].target {
-            let pool = &gateway.upstreams[upstream].pool;
-            if let Some(addr) = peer.address().as_inet() {
-                pool.report(*addr, false);
-            }
-            match &mut ctx.retry {
-                // `retries` decides (DESIGN §20); nothing of the request has left, so a
-                // failed connect is tried again whatever the method.
-                Some(tries) => e.set_retry(tries.retry(RetryOn::Connect)),
-                None if ctx.upstream_tried.len() < pool.servers.len() => e.set_retry(true),
-                None => {}
-            }
-        }
-        e
-    }
-
-    /// With `retries` (DESIGN §20): a retry on status granted by `upstream_response_filter`,
-    /// or, for an idempotent request (GET HEAD OPTIONS PUT DELETE) whose body Pingora holds
-    /// whole, a connection the upstream closed, reset or let time out before any response
-    /// header. Otherwise, and without `retries`, Pingora's own rule: an idempotent request
-    /// is retried when a reused (keep-alive) connection failed.
-    fn error_while_proxy(
-        &self,
-        peer: &HttpPeer,
-        session: &mut Session,
-        e: Box<Error>,
-        ctx: &mut Ctx,
-        client_reused: bool,
-    ) -> Box<Error> {
-        let mut e = e.more_context(format!("Peer: {peer}"));
-        if std::mem::take(&mut ctx.retry_status) {
-            e.set_retry(true);
-            return e;
-        }
-        let truncated = session.as_ref().retry_buffer_truncated();
-        if let Some(tries) = &mut ctx.retry {
-            let reset = *e.esource() == pingora::ErrorSource::Upstream
-                && !ctx.upstream_answered
-                && session.response_written().is_none();
-            if reset
-                && !truncated
-                && retry_safe(&session.req_header().method)
-                && tries.retry(RetryOn::Reset)
-            {
-                e.set_retry(true);
-                return e;
-            }
-        }
-        if !session.req_header().method.is_idempotent() || truncated {
-            e.set_retry(false);
-        } else {
-            e.retry.decide_reuse(client_reused);
-        }
-        e
-    }
-
-    /// With `retries` on 502, 503 or 504: such an answer, before any of it went to the
-    /// client, ends this try with an error Pingora retries (another server where there is
-    /// one); the last try's answer goes through as it is.
+    /// With `retries`, a 502, 503 or 504 not yet sent on may end the try instead.
     async fn upstream_response_filter(
         &self,
         session: &mut Session,
         resp: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        let Some(tries) = &mut ctx.retry else {
-            return Ok(());
-        };
-        let status = resp.status.as_u16();
-        if let Some(reason) = RetryOn::of_status(status) {
-            if !ctx.upstream_answered
-                && session.response_written().is_none()
-                && retry_safe(&session.req_header().method)
-                && !session.as_ref().retry_buffer_truncated()
-                && tries.retry(reason)
-            {
-                ctx.retry_status = true;
-                return Error::e_explain(
-                    ErrorType::HTTPStatus(status),
-                    "the upstream's answer is retried",
-                );
-            }
-        }
-        ctx.upstream_answered = true;
-        Ok(())
-    }
-
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        use pingora::ErrorSource;
-        // The request is over: its concurrency slots are free before the client hears so,
-        // and can retry.
-        ctx.leases.clear();
-        let code = match (e.esource(), e.etype()) {
-            (_, ErrorType::HTTPStatus(code)) => *code,
-            (ErrorSource::Upstream, _) => 502,
-            // A stalled request body: Pingora's read timeout is `body_timeout`.
-            (ErrorSource::Downstream, ErrorType::ReadTimedout) => {
-                self.app
-                    .metrics
-                    .connections_rejected
-                    .with_label_values(&["body_timeout"])
-                    .inc();
-                408
-            }
-            _ if client_went_away(e) => 0, // nobody to answer; counted as 499
-            (ErrorSource::Downstream, _) => 400,
-            _ => 500,
-        };
-        let grpc = response::is_grpc(&session.req_header().headers);
-        if grpc && code >= 500 && session.response_written().is_none() {
-            // The upstream could not be reached or failed before answering.
-            let status =
-                response::grpc_status(response::GrpcStatus::Unavailable, "upstream unavailable");
-            let extra = match &ctx.gateway {
-                Some(gateway) => Extra::of(ctx, gateway),
-                None => Extra::default(),
-            };
-            if let Err(e) = write_grpc(session, &status, extra).await {
-                log::debug!("could not answer gRPC {code}: {e}");
-            }
-        } else if code > 0 {
-            let answer = match code {
-                408 => Some(response::problem(
-                    408,
-                    "Request Timeout",
-                    "request body stalled",
-                )),
-                413 => Some(response::body_too_large()),
-                _ => None,
-            };
-            let written = match answer {
-                Some(body) => match ResponseHeader::build(code, Some(2)) {
-                    Ok(mut resp) => {
-                        let _ = resp.insert_header("Content-Type", response::PROBLEM);
-                        let _ = resp.insert_header("Content-Length", body.len().to_string());
-                        session.write_error_response(resp, body.into()).await
-                    }
-                    Err(e) => Err(e),
-                },
-                None => session.respond_error(code).await,
-            };
-            if let Err(e) = written {
-                log::debug!("could not answer {code}: {e}");
-            }
-        }
-        FailToProxy {
-            error_code: code,
-            can_reuse_downstream: false,
-        }
-    }
-
-    async fn upstream_request_filter(
-        &self,
-        session: &mut Session,
-        upstream: &mut RequestHeader,
-        ctx: &mut Ctx,
-    ) -> Result<()> {
-        if let Some(gateway) = &ctx.gateway {
-            identity_headers(upstream, gateway, ctx)?;
-            if let Some(route) = ctx.route.map(|r| &gateway.config.routes[r]) {
-                upstream_edits(upstream, route, ctx.path.as_deref())?;
-            }
-        }
-        metered_request(upstream, ctx)?;
-        // An absolute-form target (`GET http://host/path`) reaches the upstream in origin
-        // form. Pingora keeps its raw bytes for the wire; its Uri holds only the path, and
-        // it has already checked that the target's authority equals Host.
-        if !matches!(upstream.raw_path().first(), Some(b'/') | Some(b'*')) {
-            let origin = upstream.uri.clone();
-            upstream.set_uri(origin);
-        }
-        // Append the TCP peer, as nginx's $proxy_add_x_forwarded_for does.
-        if let Some(peer) = session.client_addr().and_then(|a| a.as_inet()) {
-            let mut forwarded = Vec::with_capacity(64);
-            if let Some(existing) = upstream.headers.get("x-forwarded-for") {
-                forwarded.extend_from_slice(existing.as_bytes());
-                forwarded.extend_from_slice(b", ");
-            }
-            key::push_ip(&mut forwarded, peer.ip());
-            upstream.insert_header("X-Forwarded-For", forwarded)?;
-        }
-        Ok(())
+        forward::upstream_answered(ctx, session, resp)
     }
 
     async fn response_filter(
@@ -766,20 +162,21 @@ impl ProxyHttp for Proxy {
         }
         // An informational response (100 Continue) settles nothing: the final one follows.
         let interim = resp.status.is_informational() && resp.status.as_u16() != 101;
-        if !ctx.charges.is_empty() && !interim {
-            ctx.upstream_status = Some(resp.status.as_u16());
-            ctx.usage = usage_meter(ctx, resp);
-            settle(ctx, Some(resp.status.as_u16()), Some(&resp.headers), false).await;
+        if !ctx.metering.charges.is_empty() && !interim {
+            let gateway = ctx.gateway.as_deref();
+            ctx.metering
+                .response_started(gateway, ctx.route.id, resp)
+                .await;
         }
         if let Some(gateway) = &ctx.gateway {
             let extra = Extra::of(ctx, gateway);
             extra.apply_rules(resp)?;
-            for (name, value) in &ctx.rate_headers {
+            for (name, value) in &ctx.limits.rate_headers {
                 resp.insert_header(*name, value.as_str())?;
             }
             return extra.apply_request_id(resp);
         }
-        for (name, value) in &ctx.rate_headers {
+        for (name, value) in &ctx.limits.rate_headers {
             resp.insert_header(*name, value.as_str())?;
         }
         Ok(())
@@ -792,666 +189,99 @@ impl ProxyHttp for Proxy {
         end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<Option<Duration>> {
-        if let Some(meter) = &mut ctx.usage {
-            if let Some(bytes) = body {
-                meter.feed(bytes);
-            }
-            if end_of_stream && !ctx.body_ended {
-                meter.finish();
-                ctx.body_ended = true;
-            }
-        }
+        ctx.metering.body(body, end_of_stream);
         Ok(None)
     }
 
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        if let Some(conn) = ClientConn::of(session.stream()) {
-            conn.request_finished(wire_length(session));
-        }
-        let status = match e {
-            // nginx's 499: the client went away before the response was complete,
-            // whatever part of it was already written.
-            Some(e) if client_went_away(e) => 499,
-            _ => session
-                .response_written()
-                .map(|r| r.status.as_u16())
-                .unwrap_or(if e.is_some() { 502 } else { 0 }),
-        };
-        if !ctx.charges.is_empty() {
-            // Not settled by an upstream's response: sluice's own answer, a failed
-            // upstream, or a client that went away (status 499, or none written).
-            // Going away from an upstream's 2xx is no refund (DESIGN §17): the response
-            // settles by that status, as a cut stream does.
-            let sent = match status {
-                0 | 499 => ctx.upstream_status.filter(|s| (200..300).contains(s)),
-                s => Some(s),
-            };
-            settle(ctx, sent, None, true).await;
-        }
-        let route = ctx.route_name();
-        let label = ctx.route_label();
-        let elapsed = ctx.started.elapsed();
-        let m = &self.app.metrics;
-        let protocol = if session.is_http2() { "h2" } else { "http1" };
-        let code = http::StatusCode::from_u16(status).ok();
-        m.http_requests
-            .with_label_values(&[protocol, label, code.as_ref().map_or("0", |c| c.as_str())])
-            .inc();
-        m.http_duration
-            .with_label_values(&[label])
-            .observe(elapsed.as_secs_f64());
-        let Some(gateway) = &ctx.gateway else { return };
-        if let (Some(at), Some(r)) = (ctx.upstream_started, ctx.route) {
-            if let Target::Upstream(u) = gateway.config.routes[r].target {
-                if let (Some(addr), Some(ok)) = (ctx.upstream_tried.last(), upstream::outcome(e)) {
-                    gateway.upstreams[u].pool.report(*addr, ok);
-                }
-                m.upstream_duration
-                    .with_label_values(&[&gateway.config.upstreams[u].name])
-                    .observe(at.elapsed().as_secs_f64());
-            }
-        }
-        let format = gateway.config.server.access_log;
-        if format != AccessLog::Off {
-            access_log(format, session, ctx, gateway, route, status, elapsed);
-        }
-    }
-}
-
-impl Proxy {
-    /// Who is asking (DESIGN §11): a banned address is refused before any credential is
-    /// looked at; an invalid credential counts against `max_failures`. True: a refusal was
-    /// written; false: `ctx.identity` is set and the request goes on.
-    async fn authenticate(
+    /// Whether the try is retried (`retries`, or Pingora's own rule).
+    fn error_while_proxy(
         &self,
+        peer: &HttpPeer,
         session: &mut Session,
+        e: Box<Error>,
         ctx: &mut Ctx,
-        gateway: &Gateway,
-        route_id: usize,
-    ) -> Result<bool> {
-        let config = &gateway.config;
-        let route = &config.routes[route_id];
-        let counted = |result: &str| gateway.auth.count(route_id, result);
-        let grpc = response::is_grpc(&session.req_header().headers);
-        let failures = gateway.auth.failures_policy();
-        if let Some(id) = failures {
-            if let Some(ms) = gateway
-                .limiter
-                .auth_banned(&config.policies[id], ctx.client_ip)
-            {
-                counted("banned");
-                let denial = crate::limiter::Denial::Limited {
-                    status: config.policies[id].status,
-                    retry_after_ms: ms,
-                    violated: vec![AUTH_FAILURES.to_owned()],
-                };
-                write_denial(session, grpc, &denial, &[], None, Extra::of(ctx, gateway)).await?;
-                return Ok(true);
+        client_reused: bool,
+    ) -> Box<Error> {
+        forward::proxy_failed(ctx, session, peer, e, client_reused)
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        use pingora::ErrorSource;
+        // The request is over: its concurrency slots are free before the client hears so,
+        // and can retry.
+        ctx.limits.leases.clear();
+        let code = match (e.esource(), e.etype()) {
+            (_, ErrorType::HTTPStatus(code)) => *code,
+            (ErrorSource::Upstream, _) => 502,
+            // A stalled request body: Pingora's read timeout is `body_timeout`.
+            (ErrorSource::Downstream, ErrorType::ReadTimedout) => {
+                self.app
+                    .metrics
+                    .connections_rejected
+                    .with_label_values(&["body_timeout"])
+                    .inc();
+                408
             }
-        }
-        let req = session.req_header();
-        let outcome = gateway
-            .auth
-            .authenticate(route.auth, &req.headers, req.uri.query());
-        counted(outcome.label());
-        let refusal = match outcome {
-            auth::Outcome::Verified(identity, presented) => {
-                ctx.identity = identity;
-                ctx.presented = presented;
-                return Ok(false);
-            }
-            auth::Outcome::Anonymous => return Ok(false),
-            auth::Outcome::Missing => response::AuthRefusal::Missing,
-            auth::Outcome::Unavailable(why) => response::AuthRefusal::Unavailable(why),
-            auth::Outcome::Invalid(why) => {
-                if let Some(id) = failures {
-                    let facts = RequestFacts {
-                        client_ip: ctx.client_ip,
-                        method: req.method.as_str(),
-                        host: "",
-                        path: req.uri.path(),
-                        query: req.uri.query(),
-                        headers: &req.headers,
-                        route: &route.name,
-                        client_cert: None,
-                        identity: &ctx.identity,
-                        request_bound: None,
-                    };
-                    if let Some(ms) = gateway
-                        .limiter
-                        .auth_failed(&config.policies, id, &facts)
-                        .await
-                    {
-                        log::info!(
-                            "max_failures: {} banned for {}s after repeated invalid credentials",
-                            ctx.client_ip,
-                            ms.div_ceil(1000)
-                        );
-                    }
-                }
-                response::AuthRefusal::Invalid(why)
-            }
+            _ if log::client_went_away(e) => 0, // nobody to answer; counted as 499
+            (ErrorSource::Downstream, _) => 400,
+            _ => 500,
         };
-        let extra = Extra::of(ctx, gateway);
-        if grpc {
-            write_grpc(session, &response::grpc_auth_refusal(&refusal), extra).await?;
-        } else {
-            let (status, headers, body) = response::auth_refusal(&refusal);
-            write_response(
-                session,
-                status,
-                &headers,
-                response::PROBLEM,
-                body.into(),
-                extra,
-            )
-            .await?;
-        }
-        Ok(true)
-    }
-}
-
-/// Writes a policy denial: a gRPC status, or the policy's status with its `reject` body
-/// (`body`: the bytes and their content type) or a problem body.
-async fn write_denial(
-    session: &mut Session,
-    grpc: bool,
-    denial: &crate::limiter::Denial,
-    rate_headers: &[(&'static str, String)],
-    body: Option<(Vec<u8>, &str)>,
-    extra: Extra<'_>,
-) -> Result<()> {
-    if grpc {
-        let mut headers = response::grpc_denial(denial);
-        headers.extend(rate_headers.iter().cloned());
-        return write_grpc(session, &headers, extra).await;
-    }
-    let (status, more, problem) = response::denial(denial);
-    let mut headers = rate_headers.to_vec();
-    headers.extend(more);
-    let (body, content_type) = match body {
-        Some((body, content_type)) => (Bytes::from(body), content_type),
-        None => (Bytes::from(problem), response::PROBLEM),
-    };
-    write_response(session, status, &headers, content_type, body, extra).await
-}
-
-/// The request target as the client sent it (path and query, byte for byte), for a
-/// redirect that keeps both.
-fn target_as_received(req: &RequestHeader) -> String {
-    let raw = String::from_utf8_lossy(req.raw_path());
-    if raw.starts_with('/') {
-        raw.into_owned()
-    } else {
-        // Absolute form: the path and query of the URI.
-        req.uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned()
-    }
-}
-
-/// Settles the request's metered charges (DESIGN §12) by the response's status (None:
-/// the client went away before one was sent), from an upstream its header, and once the
-/// response has `ended`, its body's usage; until then charges by usage stay pending.
-async fn settle(
-    ctx: &mut Ctx,
-    status: Option<u16>,
-    upstream: Option<&http::HeaderMap>,
-    ended: bool,
-) {
-    let (Some(gateway), Some(route)) = (ctx.gateway.clone(), ctx.route) else {
-        return;
-    };
-    let policies = &gateway.config.policies;
-    let success = status.is_some_and(|s| (200..300).contains(&s));
-    let usage = ctx.usage.as_ref().filter(|_| ctx.body_ended);
-    let mut pending = Vec::new();
-    let mut settled = Vec::with_capacity(ctx.charges.len());
-    for charge in std::mem::take(&mut ctx.charges) {
-        let how = match (&policies[charge.policy].metering, status) {
-            (Some(Metering::Usage(_)), _) if !ended => {
-                pending.push(charge);
-                continue;
-            }
-            (Some(Metering::Usage(format)), _) => usage
-                .and_then(|meter| meter.cost(*format))
-                .map_or(Settled::Missing { kept: success }, Settled::Cost),
-            (Some(m @ Metering::Status(_)), Some(s)) if !m.counts(s) => Settled::Refunded,
-            (Some(Metering::Status(_)), _) => Settled::Kept,
-            (Some(Metering::Header(name)), _) => upstream
-                .and_then(|h| h.get(name))
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map_or(Settled::Missing { kept: success }, Settled::Cost),
-            _ => Settled::Missing { kept: success },
+        let extra = match &ctx.gateway {
+            Some(gateway) => Extra::of(ctx, gateway),
+            None => Extra::default(),
         };
-        settled.push((charge, how));
-    }
-    ctx.charges = pending;
-    if !settled.is_empty() {
-        gateway.limiter.settle(route, policies, settled).await;
-    }
-}
-
-/// A meter for the upstream's body when a charge waits for its usage, and the body can be
-/// read: as it is, or through a coding sluice decodes (DESIGN §17); another coding's usage
-/// is unreadable, so it is charged as missing.
-fn usage_meter(ctx: &Ctx, resp: &ResponseHeader) -> Option<BodyMeter> {
-    let gateway = ctx.gateway.as_ref()?;
-    let policies = &gateway.config.policies;
-    let waits = ctx
-        .charges
-        .iter()
-        .any(|c| matches!(policies[c.policy].metering, Some(Metering::Usage(_))));
-    if !waits {
-        return None;
-    }
-    let headers = &resp.headers;
-    BodyMeter::new(
-        headers
-            .get(http::header::CONTENT_TYPE)
-            .map(|t| t.as_bytes()),
-        headers
-            .get_all(http::header::CONTENT_ENCODING)
-            .iter()
-            .map(|e| e.as_bytes()),
-    )
-}
-
-/// What a metered request tells its upstream (DESIGN §12, §17): the length of a body read
-/// whole (asked for its usage, it has grown), and where a charge waits for the response's
-/// cost, `Accept-Encoding: identity` (the client's own preference is not passed on).
-fn metered_request(upstream: &mut RequestHeader, ctx: &Ctx) -> Result<()> {
-    if let Some(body) = &ctx.request_body {
-        if content_length(upstream) != Some(body.len() as u64) {
-            upstream.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
-        }
-        // The client was told to go on and has sent it all.
-        upstream.remove_header(&http::header::EXPECT);
-    }
-    if ctx.held_body.is_some() {
-        // Sent chunked (or as HTTP/2 DATA) whatever its length turns out to be.
-        upstream.remove_header(&http::header::CONTENT_LENGTH);
-    }
-    if ctx.charges.is_empty() {
-        return Ok(());
-    }
-    let Some(gateway) = &ctx.gateway else {
-        return Ok(());
-    };
-    let policies = &gateway.config.policies;
-    let by_response = ctx.charges.iter().any(|c| {
-        matches!(
-            policies[c.policy].metering,
-            Some(Metering::Usage(_) | Metering::Header(_))
-        )
-    });
-    if by_response {
-        upstream.insert_header(http::header::ACCEPT_ENCODING, "identity")?;
-    }
-    Ok(())
-}
-
-/// What a route's policies need of a request's body before it is sent on.
-struct BodyNeeds {
-    /// `reserve = "request"`: its bound, before the decision (DESIGN §12).
-    bound: bool,
-    /// `usage = "openai"`: a stream asked for its usage (DESIGN §17).
-    usage: bool,
-}
-
-impl BodyNeeds {
-    fn of(config: &crate::config::Config, route: &crate::config::Route) -> BodyNeeds {
-        let mut needs = BodyNeeds {
-            bound: false,
-            usage: false,
-        };
-        for &id in &route.policies {
-            let policy = &config.policies[id];
-            needs.bound |= policy.reserve_request.is_some();
-            needs.usage |= matches!(
-                policy.metering,
-                Some(Metering::Usage(crate::config::UsageFormat::OpenAi))
-            );
-        }
-        needs
-    }
-}
-
-/// `[server] request_id` (DESIGN §14): a trusted proxy's id is kept; anyone else's is
-/// replaced by a new random 128-bit id (32 hex digits).
-fn request_id(
-    headers: &http::HeaderMap,
-    name: &http::HeaderName,
-    peer: IpAddr,
-    trusted: &[ipnet::IpNet],
-) -> http::HeaderValue {
-    let peer = match peer {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
-        v4 => v4,
-    };
-    if trusted.iter().any(|net| net.contains(&peer)) {
-        if let Some(id) = headers
-            .get(name)
-            .filter(|v| !v.is_empty() && v.len() <= 200)
-        {
-            return id.clone();
+        refusal::write_failure(session, code, extra).await;
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
         }
     }
-    let id = crate::auth::consumers::hex(&rand::random::<[u8; 16]>());
-    http::HeaderValue::from_str(&id).unwrap_or_else(|_| http::HeaderValue::from_static("-"))
-}
 
-/// The route's changes to the upstream request: the path in its normal form (`normal`,
-/// when the client spelled it otherwise: DESIGN §17) less `strip_prefix`, the query as it
-/// came; then `request_headers`.
-fn upstream_edits(
-    upstream: &mut RequestHeader,
-    route: &crate::config::Route,
-    normal: Option<&str>,
-) -> Result<()> {
-    let uri = &upstream.uri;
-    let path = normal.unwrap_or(uri.path());
-    let stripped = match (route.strip_prefix, &route.path) {
-        (true, PathMatch::Prefix(prefix)) => path.strip_prefix(prefix.as_str()),
-        _ => None,
-    };
-    if normal.is_some() || stripped.is_some() {
-        let rest = stripped.unwrap_or(path);
-        let query = uri.query();
-        let mut target = String::with_capacity(rest.len() + query.map_or(0, str::len) + 2);
-        if !rest.starts_with('/') {
-            target.push('/');
-        }
-        target.push_str(rest);
-        if let Some(query) = query {
-            target.push('?');
-            target.push_str(query);
-        }
-        match target.parse::<http::Uri>() {
-            Ok(uri) => upstream.set_uri(uri),
-            // Never the client's own spelling instead of the one that was routed.
-            Err(_) if normal.is_some() => {
-                return Error::e_explain(ErrorType::InternalError, "normalised path is no URI")
-            }
-            Err(_) => {}
-        }
-    }
-    let rules = &route.request_headers;
-    for name in &rules.remove {
-        upstream.remove_header(name);
-    }
-    for (name, value) in &rules.set {
-        upstream.insert_header(name, value)?;
-    }
-    Ok(())
-}
-
-/// What the upstream is told of the consumer: the client's own copies of the identity
-/// headers (and `strip_headers`) are always removed, in every spelling (DESIGN §17: case
-/// ignored, `_` as `-`), the verified values set on routes with `auth`, and with
-/// `hide_credentials` every copy of every credential is not passed on.
-fn identity_headers(upstream: &mut RequestHeader, gateway: &Gateway, ctx: &Ctx) -> Result<()> {
-    let settings = gateway.auth.settings();
-    upstream.remove_header(&settings.consumer_header);
-    upstream.remove_header(&settings.plan_header);
-    for name in &settings.strip_headers {
-        upstream.remove_header(name);
-    }
-    for name in auth::other_spellings(&upstream.headers, auth::identity_header_names(settings)) {
-        upstream.remove_header(&name);
-    }
-    let Some(route) = ctx.route.map(|r| &gateway.config.routes[r]) else {
-        return Ok(());
-    };
-    if route.auth == AuthMode::Off {
-        return Ok(());
-    }
-    if let Some(consumer) = ctx.identity.consumer.as_deref() {
-        upstream.insert_header(&settings.consumer_header, consumer)?;
-    }
-    if let Some(plan) = ctx.identity.plan.as_deref() {
-        upstream.insert_header(&settings.plan_header, plan)?;
-    }
-    if settings.hide_credentials {
-        if ctx.presented.bearer {
-            upstream.remove_header(&http::header::AUTHORIZATION);
-        }
-        if ctx.presented.key_header {
-            for name in auth::key_header_names(settings) {
-                upstream.remove_header(name);
-            }
-            for name in auth::other_spellings(&upstream.headers, auth::key_header_names(settings)) {
-                upstream.remove_header(&name);
-            }
-        }
-        if ctx.presented.key_query {
-            let uri = &upstream.uri;
-            if let Some(query) = uri.query() {
-                let path = uri.path();
-                let target = match auth::query_without_keys(query, &settings.api_key) {
-                    Some(rest) => format!("{path}?{rest}"),
-                    None => path.to_owned(),
-                };
-                if let Ok(uri) = target.parse::<http::Uri>() {
-                    upstream.set_uri(uri);
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Whether `e` is the client closing or breaking its connection before the response
-/// was complete (Pingora: "Downstream ConnectionClosed ... Prematurely before response
-/// header is sent", a failed read or write on the client side, or an HTTP/2 stream the
-/// client reset: "Client closed H2").
-fn client_went_away(e: &Error) -> bool {
-    e.esource() == &pingora::ErrorSource::Downstream
-        && matches!(
-            e.etype(),
-            ErrorType::WriteError
-                | ErrorType::ReadError
-                | ErrorType::ConnectionClosed
-                | ErrorType::H2Error
-        )
-}
-
-/// Why an HTTP/1.1 request's Host is unusable (RFC 9112 §3.2: missing or repeated).
-fn host_problem(req: &RequestHeader) -> Option<&'static str> {
-    let hosts = req.headers.get_all(http::header::HOST).iter().count();
-    match hosts {
-        0 if req.version == http::Version::HTTP_11 => Some("missing Host header"),
-        2.. => Some("more than one Host header"),
-        _ => None,
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        log::request_ended(session, e, ctx).await;
     }
 }
 
-/// How many bytes an HTTP/1 request took on the wire, when that is known exactly: its
-/// header plus a Content-Length body (Pingora reads or drains exactly that much before
-/// it reuses the connection). Chunked bodies: unknown.
-fn wire_length(session: &Session) -> Option<u64> {
-    let pingora::protocols::http::ServerSession::H1(h1) = session.as_downstream() else {
-        return None;
-    };
-    let req = h1.req_header();
-    if req.headers.contains_key(http::header::TRANSFER_ENCODING) {
-        return None;
-    }
-    Some(h1.get_headers_raw_bytes().len() as u64 + content_length(req).unwrap_or(0))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The most of a metered body read whole (DESIGN §12, §17); a larger one gets 413.
-const BOUND_BODY_LIMIT: u64 = 1 << 20;
-/// The most of a body read before the upstream request that Pingora sends on to it (its
-/// retry buffer).
-const REPLAYED_BODY_LIMIT: u64 = 64 * 1024;
+    /// The per-request context before it was grouped (25 fields), to hold `Ctx` to its size.
+    #[allow(dead_code)]
+    struct Flat {
+        app: Arc<App>,
+        started: Instant,
+        gateway: Option<Arc<Gateway>>,
+        route: Option<usize>,
+        client_ip: std::net::IpAddr,
+        decisions: Vec<crate::limiter::PolicyOutcome>,
+        rate_headers: Vec<(&'static str, String)>,
+        leases: Vec<crate::limiter::Lease>,
+        charges: Vec<crate::limiter::Charge>,
+        usage: Option<metering::decode::BodyMeter>,
+        body_ended: bool,
+        upstream_status: Option<u16>,
+        request_body: Option<Bytes>,
+        held_body: Option<Vec<u8>>,
+        upstream_started: Option<Instant>,
+        upstream_tried: Vec<std::net::SocketAddr>,
+        retry: Option<crate::upstream::Tries>,
+        retry_status: bool,
+        upstream_answered: bool,
+        body_limit: u64,
+        body_seen: u64,
+        identity: crate::auth::Identity,
+        presented: crate::auth::Presented,
+        request_id: Option<(http::HeaderName, http::HeaderValue)>,
+        path: Option<String>,
+    }
 
-/// A metered request's body, as read before the decision.
-enum RequestBody {
-    Whole(Bytes),
-    Empty,
-    /// Of a length not known up front (chunked, or HTTP/2 without content-length): not
-    /// read before the decision (see `read_body`).
-    Unknown,
-    /// Over 1 MiB, or one that could not be sent on once read: 413.
-    TooLarge,
-}
-
-/// Reads a metered request's body whole, up to 1 MiB, before the decision (DESIGN §12,
-/// §17); `request_body_filter` sends it on.
-///
-/// Pingora sends on what was read before the upstream request from its retry buffer, which
-/// holds 64 KiB, and only when it holds everything read since it was enabled. So it is
-/// enabled once at most 64 KiB of the body are left: it then holds the body's end, the
-/// one chunk Pingora sends, which `request_body_filter` replaces with the whole. (Each read
-/// takes at most 64 KiB; only the bytes that came with a header larger than that could end
-/// the body in the first read: that body cannot be sent on, and gets 413.) A body of
-/// unknown length cannot be read so: its end is known only once read.
-async fn read_body(session: &mut Session) -> Result<RequestBody> {
-    let req = session.req_header();
-    if req.headers.contains_key(http::header::TRANSFER_ENCODING) {
-        return Ok(RequestBody::Unknown);
+    #[test]
+    fn grouping_the_context_made_it_no_larger() {
+        let (grouped, flat) = (size_of::<Ctx>(), size_of::<Flat>());
+        assert!(
+            grouped <= flat,
+            "Ctx is {grouped} bytes, the flat one {flat}"
+        );
     }
-    let Some(length) = content_length(req) else {
-        // HTTP/1.1 without either header has no body; HTTP/2 may send one without.
-        return Ok(match session.is_body_empty() {
-            true => RequestBody::Empty,
-            false => RequestBody::Unknown,
-        });
-    };
-    if length > BOUND_BODY_LIMIT {
-        return Ok(RequestBody::TooLarge);
-    }
-    if length == 0 {
-        return Ok(RequestBody::Empty);
-    }
-    let expects = req.headers.get(http::header::EXPECT);
-    if expects.is_some_and(|e| e.as_bytes().eq_ignore_ascii_case(b"100-continue")) {
-        // The body is read here, not by the upstream: the client is told to send it.
-        session.write_continue_response().await?;
-    }
-    let mut body = Vec::with_capacity(length as usize);
-    let mut buffering = false;
-    loop {
-        if !buffering && length - body.len() as u64 <= REPLAYED_BODY_LIMIT {
-            session.enable_retry_buffering();
-            buffering = true;
-        }
-        match session.read_request_body().await? {
-            Some(chunk) => body.extend_from_slice(&chunk),
-            None => break,
-        }
-        if body.len() as u64 > length {
-            return Ok(RequestBody::TooLarge);
-        }
-    }
-    if body.len() as u64 != length || session.get_retry_buffer().is_none() {
-        return Ok(RequestBody::TooLarge);
-    }
-    Ok(RequestBody::Whole(Bytes::from(body)))
-}
-
-/// Holds a body of unknown length on a `usage = "openai"` route until it ends, then sends
-/// it whole, asked for its usage (DESIGN §17); over 1 MiB it is refused as a metered body.
-fn hold_body(held: &mut Vec<u8>, body: &mut Option<Bytes>, end_of_stream: bool) -> Result<()> {
-    if let Some(chunk) = body.take() {
-        if (held.len() + chunk.len()) as u64 > BOUND_BODY_LIMIT {
-            return Error::e_explain(ErrorType::HTTPStatus(413), "metered body over 1 MiB");
-        }
-        held.extend_from_slice(&chunk);
-    }
-    if !end_of_stream {
-        // Nothing to send yet (None would end the upstream's body).
-        *body = Some(Bytes::new());
-        return Ok(());
-    }
-    // Taken, not dropped: a retried upstream is sent the replayed body, asked again.
-    let whole = std::mem::take(held);
-    *body = Some(match usage::ask_for_usage(&whole) {
-        Some(asked) => Bytes::from(asked),
-        None => Bytes::from(whole),
-    });
-    Ok(())
-}
-
-/// The declared body length, if any (Pingora has already rejected malformed values).
-fn content_length(req: &RequestHeader) -> Option<u64> {
-    req.headers
-        .get(http::header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-fn access_log(
-    format: AccessLog,
-    session: &Session,
-    ctx: &Ctx,
-    gateway: &Gateway,
-    route: &str,
-    status: u16,
-    elapsed: Duration,
-) {
-    use std::io::Write;
-    let req = session.req_header();
-    let decisions: serde_json::Map<String, serde_json::Value> = ctx
-        .decisions
-        .iter()
-        .map(|d| {
-            (
-                gateway.config.policies[d.policy].name.clone(),
-                d.decision.label().into(),
-            )
-        })
-        .collect();
-    let line = match format {
-        AccessLog::Json => serde_json::json!({
-            "ts": crate::clock::unix_secs(),
-            "client_ip": ctx.client_ip.to_string(),
-            "protocol": if session.is_http2() { "h2" } else { "http1" },
-            "method": req.method.as_str(),
-            "path": req.uri.path(),
-            "route": route,
-            "consumer": ctx.identity.consumer.as_deref(),
-            "request_id": ctx.request_id.as_ref().and_then(|(_, id)| id.to_str().ok()),
-            "status": status,
-            "duration_ms": elapsed.as_secs_f64() * 1000.0,
-            "decisions": decisions,
-        })
-        .to_string(),
-        _ => {
-            let d: Vec<String> = decisions
-                .iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                .collect();
-            format!(
-                "{} {} {} route={route} consumer={} request_id={} status={status} duration_ms={:.3} decisions={}",
-                ctx.client_ip,
-                req.method,
-                req.uri.path(),
-                ctx.identity.consumer.as_deref().unwrap_or("-"),
-                ctx.request_id.as_ref().and_then(|(_, id)| id.to_str().ok()).unwrap_or("-"),
-                elapsed.as_secs_f64() * 1000.0,
-                d.join(",")
-            )
-        }
-    };
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-}
-
-/// The methods `retries` may send again once the upstream has seen them (DESIGN §20).
-fn retry_safe(method: &http::Method) -> bool {
-    matches!(
-        *method,
-        http::Method::GET
-            | http::Method::HEAD
-            | http::Method::OPTIONS
-            | http::Method::PUT
-            | http::Method::DELETE
-    )
 }

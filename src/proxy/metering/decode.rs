@@ -6,7 +6,7 @@
 //! Decoding is incremental and bounded: each decoder writes its output through a buffer of
 //! its own (32 KiB for gzip and deflate, `BROTLI_BUFFER`, zstd's 128 KiB), handed to the
 //! meter piece by piece, so what a body decodes to never accumulates (the meter keeps what
-//! it keeps of a plain body: see `usage`), whatever the ratio of a decompression bomb. Only
+//! it keeps of a plain body: see `UsageMeter`), whatever the ratio of a decompression bomb. Only
 //! the decoders' windows are held besides: 32 KiB for gzip and deflate, the stream's own for
 //! br (at most 16 MiB: large windows are refused) and zstd (at most `ZSTD_WINDOW_LOG_MAX`),
 //! the bounds browsers decode them with. A whole JSON body stops being decoded once its
@@ -16,7 +16,7 @@ use std::io::Write;
 
 use bytes::Bytes;
 
-use super::usage::UsageMeter;
+use super::UsageMeter;
 use crate::config::UsageFormat;
 
 /// Decoded bytes handed to the meter at a time by the brotli decoder.
