@@ -41,10 +41,15 @@
 //!    statuses.
 //! 7. `gateway`: the state built from one config (`Gateway::build`), swapped whole on reload.
 //! 8. The front doors, each over the gateway and never another door: `proxy` (the Pingora
-//!    phases; `connection` bounds each client connection; `usage` reads the tokens an LLM
-//!    response reports, through `decode` when the upstream compressed it), `rls` (Envoy's rate limit service: `rules` matching, `proto`
-//!    messages, `decide`, `service` gRPC over HTTP/2), `admin` (/metrics, /healthz,
-//!    /readyz, the `/v1/` API and the operator console).
+//!    phases: `mod` holds the hooks in call order and the per-request `Ctx` in groups, each
+//!    owned by one file; `admit` runs admission as steps (deny, normalise, route, body size,
+//!    auth, body, limits); `refusal` renders every answer sluice makes itself, as HTTP or a
+//!    gRPC status; `forward` picks each try's peer, decides retries and edits the upstream
+//!    request; `metering/` charges from the response (`json` usage, `sse` event streams,
+//!    `decode` through Content-Encoding, `request` the request body's bound); `log` ends
+//!    each request; `connection` bounds each client connection), `rls` (Envoy's rate limit
+//!    service: `rules` matching, `proto` messages, `decide`, `service` gRPC over HTTP/2),
+//!    `admin` (/metrics, /healthz, /readyz, the `/v1/` API and the operator console).
 //! 9. `server`: wiring it together and running until SIGTERM.
 //! 10. `cli`: the command line, and the `sluice admin` client (`cli::admin`).
 
