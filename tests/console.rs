@@ -167,6 +167,18 @@ fn row(b: &mut Browser, table: &str, first: &str) -> serde_json::Value {
 
 /// Clicks the button labelled `label` in the row of `table` whose first cell is `first`.
 fn click_in_row(b: &mut Browser, table: &str, first: &str, label: &str) {
+    // The table fills from its own fetch: under load it can come after the rest of the page.
+    b.wait_for(
+        &format!("a {label} button in {table}"),
+        WAIT,
+        &format!(
+            "Array.from(document.querySelectorAll('#{table} tbody tr'))\
+               .some((tr) => tr.cells[0].textContent === {first} && \
+                 Array.from(tr.querySelectorAll('button')).some((x) => x.textContent === {label}))",
+            first = js(first),
+            label = js(label)
+        ),
+    );
     let clicked = b.eval(&format!(
         "(() => {{ const tr = Array.from(document.querySelectorAll('#{table} tbody tr'))\
            .find((tr) => tr.cells[0].textContent === {first}); \
