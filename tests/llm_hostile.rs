@@ -650,6 +650,37 @@ fn bodies_that_need_nothing_added_reach_the_upstream_byte_for_byte() {
     }
 }
 
+/// An empty chunked body on a metered route is held until it ends (DESIGN §17) and then
+/// framed once (§21): one last-chunk, never a second that a keep-alive upstream would read
+/// as the start of another request.
+#[test]
+fn an_empty_chunked_body_reaches_the_upstream_with_one_last_chunk() {
+    let Setup { llm, s, _dir } = setup();
+    for (path, chunks) in [
+        (CHAT, "0\r\n\r\n"),
+        ("/bounded/x", "0\r\n\r\n"),
+        (CHAT, "2\r\n{}\r\n0\r\n\r\n"),
+    ] {
+        let before = llm.seen().len();
+        let raw = format!(
+            "POST {path} HTTP/1.1\r\nHost: llm.example\r\nx-customer: acme\r\nx-tokens: 1\r\n\
+             Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\
+             Connection: close\r\n\r\n{chunks}"
+        );
+        let r = exchange(s.addr, raw.as_bytes());
+        assert_eq!(r.status, 200, "{path} {chunks:?}");
+        std::thread::sleep(Duration::from_millis(300));
+        let seen = llm.seen();
+        assert_eq!(
+            seen.len(),
+            before + 1,
+            "{path} {chunks:?}: the upstream read {} requests: {:?}",
+            seen.len() - before,
+            &seen[before..]
+        );
+    }
+}
+
 #[test]
 fn a_200_kib_body_is_read_for_its_bound_and_sent_on_whole() {
     let Setup { llm, s, _dir } = setup();

@@ -44,6 +44,12 @@ impl Body {
         if let Some(held) = &mut self.held {
             hold_body(held, body, end_of_stream)?;
         }
+        // An empty chunk is a chunked body's last-chunk: written at the end it would be a
+        // second one after Pingora's own (DESIGN §21), which a keep-alive upstream reads as
+        // another request. Nothing at all ends the body once.
+        if end_of_stream && body.as_ref().is_some_and(Bytes::is_empty) {
+            *body = None;
+        }
         Ok(())
     }
 }
