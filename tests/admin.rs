@@ -204,6 +204,24 @@ fn the_fleet_follows_runtime_changes(limiter: &str) {
         200,
         "the override expired: limit 3 again"
     );
+
+    // The longest ttl there is saturates: the override holds, it does not wrap into the past.
+    let put = call(
+        &fleet[0],
+        "PUT",
+        "/v1/overrides/per_key?key=u",
+        "{\"limit\": 1, \"ttl\": \"213503982334d\"}",
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+    std::thread::sleep(Duration::from_millis(500));
+    let responses: Vec<Response> = (0..3)
+        .map(|_| fleet[2].get_with("/r", &[("x-api-key", "u")]))
+        .collect();
+    assert_eq!(
+        count_status(&responses, 200),
+        1,
+        "the override did not hold"
+    );
 }
 
 #[test]

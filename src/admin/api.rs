@@ -216,7 +216,12 @@ fn parse_override(policy: &Policy, key: &NamedKey, body: &[u8]) -> Result<Runtim
         limit,
         period_ms: period.as_millis() as u64,
         burst,
-        expires_at_ms: ttl.map(|t| unix_ms() + t.as_millis() as u64),
+        // Saturating (DESIGN §21): a ttl near the largest duration is "for ever", never an
+        // expiry that wrapped into the past.
+        expires_at_ms: ttl.map(|t| {
+            let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+            unix_ms().saturating_add(ms)
+        }),
     })
 }
 
