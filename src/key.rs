@@ -72,6 +72,21 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// The address a client is counted as where one address is not one client (DESIGN §21:
+/// `max_failures` bans, `max_connections_per_ip`): an IPv6 address by its network of
+/// `v6_prefix` bits (host bits zeroed), an IPv4 address (or an IPv4-mapped one) as itself.
+pub fn client_network(ip: IpAddr, v6_prefix: u8) -> IpAddr {
+    match canonical(ip) {
+        IpAddr::V6(v6) if v6_prefix < 128 => {
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(v6_prefix))
+                .unwrap_or(0);
+            IpAddr::V6((u128::from(v6) & mask).into())
+        }
+        ip => ip,
+    }
+}
+
 /// "1.2.3.4", "1.2.3.4:5678", "2001:db8::1", "[2001:db8::1]:443".
 fn parse_forwarded_ip(s: &str) -> Option<IpAddr> {
     if let Ok(ip) = s.parse::<IpAddr>() {
@@ -257,6 +272,16 @@ pub fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipv6_client_counts_by_its_network() {
+        let net = |ip: &str, bits| client_network(ip.parse().expect("ip"), bits).to_string();
+        assert_eq!(net("2001:db8:1:2:3:4:5:6", 64), "2001:db8:1:2::");
+        assert_eq!(net("2001:db8:1:2:3:4:5:6", 48), "2001:db8:1::");
+        assert_eq!(net("2001:db8:1:2:3:4:5:6", 128), "2001:db8:1:2:3:4:5:6");
+        assert_eq!(net("203.0.113.9", 64), "203.0.113.9");
+        assert_eq!(net("::ffff:203.0.113.9", 64), "203.0.113.9");
+    }
     use http::HeaderValue;
 
     fn nets(list: &[&str]) -> Vec<IpNet> {

@@ -1110,6 +1110,46 @@ fn repeated_invalid_credentials_ban_the_address() {
     assert!(auth_metric(&s, "banned", "api") >= 3.0, "{}", s.metrics());
 }
 
+/// An IPv6 client is banned by its network (`[server] ipv6_prefix`, 64 by default): the
+/// rest of its /64 cannot keep guessing; the next /64 is another client. With 128, one
+/// address is one client again.
+#[test]
+fn a_ban_covers_an_ipv6_clients_network() {
+    let up = EchoUpstream::start();
+    let auth = ban_auth();
+    for (prefix, sibling_banned) in [("", true), ("ipv6_prefix = 128", false)] {
+        let server =
+            format!("access_log = \"off\"\ntrusted_proxies = [\"127.0.0.1/32\"]\n{prefix}");
+        let conf = Conf {
+            server: &server,
+            ..Conf::new(&up, &auth)
+        };
+        let s = conf.start();
+        let from = |ip: &str, key: &str| {
+            s.get_with("/api/x", &[("x-forwarded-for", ip), ("x-api-key", key)])
+        };
+        for (i, bad) in ["sk_bad_one_11111", "sk_bad_two_22222", "sk_bad_three_333"]
+            .iter()
+            .enumerate()
+        {
+            // Each guess from another address of the same /64.
+            let r = from(&format!("2001:db8:1:2::{}", i + 1), bad);
+            assert_eq!(r.status, 401, "{prefix}: failure {}: {}", i + 1, r.body);
+        }
+        let sibling = from("2001:db8:1:2:ffff:ffff:ffff:fffe", KEY_ACME);
+        if sibling_banned {
+            assert_banned(&sibling);
+        } else {
+            assert_eq!(sibling.status, 200, "{prefix}: {}", sibling.body);
+        }
+        assert_eq!(
+            from("2001:db8:1:3::1", KEY_ACME).status,
+            200,
+            "{prefix}: the next /64"
+        );
+    }
+}
+
 /// With Redis the ban is fleet-wide: the address that failed on one instance is refused by
 /// another within a second.
 #[test]

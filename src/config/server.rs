@@ -44,6 +44,9 @@ pub struct Server {
     pub escaped_slashes: EscapedSlashes,
     /// Routes match paths with ASCII case ignored (DESIGN §21), for upstreams that do.
     pub case_insensitive_paths: bool,
+    /// `max_failures` bans and `max_connections_per_ip` count an IPv6 client by its network
+    /// of this many bits (DESIGN §21): one host has a /64, not one address.
+    pub ipv6_prefix: u8,
     /// `resolvers`: the DNS servers of upstreams with `resolve` (DESIGN §20); empty: those of
     /// /etc/resolv.conf.
     pub resolvers: Vec<SocketAddr>,
@@ -185,6 +188,7 @@ pub(super) fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
         )
         .unwrap_or(EscapedSlashes::Keep);
     let case_insensitive_paths = t.bool("case_insensitive_paths").unwrap_or(false);
+    let ipv6_prefix = t.int("ipv6_prefix", 48..=128).map_or(64, |n| n.value as u8);
     if h2c && !has_plain {
         p.at(
             &t.key_span("h2c"),
@@ -211,6 +215,7 @@ pub(super) fn server(p: &Problems, node: &Spanned<Node>) -> Option<Server> {
         merge_slashes,
         escaped_slashes,
         case_insensitive_paths,
+        ipv6_prefix,
         resolvers,
         deny,
     })

@@ -53,10 +53,13 @@ impl PerIp {
         let Some(ip) = peer.filter(|_| cap > 0) else {
             return Ok(None);
         };
+        // An IPv4-mapped peer is its IPv4 address; an IPv6 one counts by its network
+        // (`ipv6_prefix`, DESIGN §21).
+        let ip = crate::key::client_network(ip, 128);
         if server.trusted_proxies.iter().any(|net| net.contains(&ip)) {
             return Ok(None);
         }
-        match self.acquire(ip, cap) {
+        match self.acquire(crate::key::client_network(ip, server.ipv6_prefix), cap) {
             Some(slot) => Ok(Some(slot)),
             None => {
                 metrics

@@ -17,9 +17,11 @@ impl Limiter {
         self.shared.consumers.clone()
     }
 
+    /// The key of `client_ip`'s failures: its address, or an IPv6 address's network
+    /// (`[server] ipv6_prefix`, DESIGN §21), so the rest of a /64 is banned with it.
     fn failure_key(&self, policy: &Policy, client_ip: IpAddr) -> String {
         let mut ip = Vec::with_capacity(40);
-        key::push_ip(&mut ip, client_ip);
+        key::push_ip(&mut ip, key::client_network(client_ip, self.ipv6_prefix));
         self.storage_key(policy, &ip)
     }
 
@@ -43,6 +45,11 @@ impl Limiter {
         req: &RequestFacts<'_>,
     ) -> Option<u64> {
         let policy = &policies[id];
+        // Counted by the client's network: the policy's `client_ip` key reads this address.
+        let req = &RequestFacts {
+            client_ip: key::client_network(req.client_ip, self.ipv6_prefix),
+            ..*req
+        };
         // Route usize::MAX: counted in sluice_auth_total, not under any route's decisions.
         let first = self.decide(usize::MAX, policies, &[id], req).await;
         let verdict = first.policies.first().and_then(|p| p.verdict)?;

@@ -181,6 +181,8 @@ pub struct Limiter {
     leases: AtomicU64,
     /// Runtime overrides; kept across reloads.
     shared: Arc<runtime::Shared>,
+    /// `[server] ipv6_prefix`: the network a `max_failures` ban covers.
+    ipv6_prefix: u8,
     /// Follows the fleet's runtime changes while this backend is in use (shared backends).
     follower: Option<Arc<Follower>>,
     /// Heavy-hitter sketches (`[admin] top_keys` slots each; none when 0), one per policy
@@ -287,6 +289,7 @@ impl Limiter {
             decision_time,
             leases: AtomicU64::new(rand::random::<u64>() | 1),
             shared,
+            ipv6_prefix: cfg.server.ipv6_prefix,
             follower,
             top,
             counters,
