@@ -20,6 +20,8 @@ use common::Sluice;
 /// - the path picks the format: `…/openai/…`, `…/anthropic/…`, `…/gemini/…`;
 /// - `"stream": true` in the JSON body (or `alt=sse` for Gemini) asks for SSE;
 /// - `x-tokens: N`: the usage to report (input 1/4 of it, output the rest);
+/// - `x-cached: C` (Anthropic): C more input tokens, half written to the prompt cache and
+///   half read from it (`cache_creation_input_tokens`, `cache_read_input_tokens`);
 /// - `x-gap-ms: M`: the pause between events (default 20);
 /// - `x-cut: 1`: the stream stops before its usage, the connection closed mid-body;
 /// - `x-fail: 1`: a 503 with an error body and no usage.
@@ -44,6 +46,12 @@ fn answer(conn: &mut TcpStream, req: &Request) -> bool {
         return conn.write_all(resp.as_bytes()).is_ok();
     }
     let (input, output) = (tokens / 4, tokens - tokens / 4);
+    let cached: u64 = req.header("x-cached").map_or(0, |c| c.parse().unwrap());
+    let cache = format!(
+        "\"cache_creation_input_tokens\":{},\"cache_read_input_tokens\":{},",
+        cached / 2,
+        cached - cached / 2
+    );
     let format = ["openai", "anthropic", "gemini"]
         .into_iter()
         .find(|f| req.target.contains(&format!("/{f}/")))
@@ -55,7 +63,7 @@ fn answer(conn: &mut TcpStream, req: &Request) -> bool {
                 r#"{{"id":"c","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"Hello \"usage\" there"}}}}],"usage":{{"prompt_tokens":{input},"completion_tokens":{output},"total_tokens":{tokens}}}}}"#
             ),
             "anthropic" => format!(
-                r#"{{"id":"m","type":"message","content":[{{"type":"text","text":"Hello"}}],"usage":{{"input_tokens":{input},"output_tokens":{output}}}}}"#
+                r#"{{"id":"m","type":"message","content":[{{"type":"text","text":"Hello"}}],"usage":{{"input_tokens":{input},{cache}"output_tokens":{output}}}}}"#
             ),
             _ => format!(
                 r#"{{"candidates":[{{"content":{{"parts":[{{"text":"Hello"}}]}}}}],"usageMetadata":{{"promptTokenCount":{input},"candidatesTokenCount":{output},"totalTokenCount":{tokens}}}}}"#
@@ -82,7 +90,7 @@ fn answer(conn: &mut TcpStream, req: &Request) -> bool {
         }
         "anthropic" => {
             events.push(format!(
-                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"m\",\"usage\":{{\"input_tokens\":{input},\"output_tokens\":1}}}}}}\n\n"
+                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"m\",\"usage\":{{\"input_tokens\":{input},{cache}\"output_tokens\":1}}}}}}\n\n"
             ));
             for word in ["Hel", "lo"] {
                 events.push(format!(
@@ -232,6 +240,32 @@ fn tokens_each_format_reports_are_charged_exactly_whole_and_streamed() {
         assert_eq!(remaining(&r), 272, "{format}: {:?}", r.headers);
     }
     assert_eq!(llm.hits(), 15);
+}
+
+/// Anthropic's prompt cache: tokens written to it and read from it are input tokens, charged
+/// like the rest (DESIGN §21), whole and streamed.
+#[test]
+fn anthropic_cached_prompt_tokens_are_charged() {
+    let llm = llm();
+    let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
+    for (stream, cached) in [(false, 600), (true, 200)] {
+        let headers = [
+            ("x-tokens", "100"),
+            ("x-cached", &cached.to_string() as &str),
+        ];
+        let r = chat(s.addr, path("anthropic", stream), "acme", stream, &headers);
+        assert_eq!(r.status, 200, "stream={stream}: {}", r.body);
+    }
+    assert_eq!(units(&s, "anthropic", "charged"), 1000.0);
+    // The budget is spent: the next request's reservation is refused.
+    let r = chat(
+        s.addr,
+        path("anthropic", false),
+        "acme",
+        false,
+        &[("x-tokens", "1")],
+    );
+    assert_eq!(r.status, 429, "{}", r.body);
 }
 
 #[test]

@@ -23,6 +23,24 @@ const PATHS: &[(&[&str], Slot)] = &[
         &["message", "usage", "output_tokens"],
         Slot::AnthropicOutput,
     ),
+    // Anthropic's prompt caching (DESIGN §21): tokens written to and read from the cache
+    // are input tokens too.
+    (
+        &["usage", "cache_creation_input_tokens"],
+        Slot::AnthropicCacheWrite,
+    ),
+    (
+        &["message", "usage", "cache_creation_input_tokens"],
+        Slot::AnthropicCacheWrite,
+    ),
+    (
+        &["usage", "cache_read_input_tokens"],
+        Slot::AnthropicCacheRead,
+    ),
+    (
+        &["message", "usage", "cache_read_input_tokens"],
+        Slot::AnthropicCacheRead,
+    ),
     // Gemini, whole or streamed.
     (&["usageMetadata", "totalTokenCount"], Slot::GeminiTotal),
 ];
@@ -32,8 +50,16 @@ pub(super) enum Slot {
     OpenAiTotal,
     AnthropicInput,
     AnthropicOutput,
+    AnthropicCacheWrite,
+    AnthropicCacheRead,
     GeminiTotal,
 }
+
+/// The number of `Slot`s.
+pub(super) const SLOTS: usize = 6;
+
+/// What a body reported, by `Slot`.
+pub(super) type Found = [Option<u64>; SLOTS];
 
 /// A push scanner over one JSON text that records the integers at `PATHS`. Malformed
 /// input stops it (nothing more is recorded) rather than guessing.
@@ -113,7 +139,7 @@ impl Scanner {
         self.state == State::Stopped
     }
 
-    pub(super) fn feed(&mut self, bytes: &[u8], found: &mut [Option<u64>; 4]) {
+    pub(super) fn feed(&mut self, bytes: &[u8], found: &mut Found) {
         let mut i = 0;
         while i < bytes.len() {
             let b = bytes[i];
@@ -238,7 +264,7 @@ impl Scanner {
         self.overflow == 0 && self.frames.last().is_some_and(|f| f.object)
     }
 
-    fn end_number(&mut self, found: &mut [Option<u64>; 4]) {
+    fn end_number(&mut self, found: &mut Found) {
         if self.number_odd || self.number_len == 0 || self.overflow > 0 {
             return;
         }

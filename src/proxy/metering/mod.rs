@@ -22,7 +22,7 @@ mod sse;
 
 use crate::config::UsageFormat;
 use bytes::Bytes;
-use json::{Scanner, Slot};
+use json::{Found, Scanner, Slot, SLOTS};
 use pingora::http::ResponseHeader;
 use sse::Sse;
 
@@ -160,7 +160,7 @@ impl Metering {
 #[derive(Debug)]
 pub struct UsageMeter {
     body: Body,
-    found: [Option<u64>; 4],
+    found: Found,
 }
 
 #[derive(Debug)]
@@ -181,7 +181,7 @@ impl UsageMeter {
             } else {
                 Body::Json(Scanner::default())
             },
-            found: [None; 4],
+            found: [None; SLOTS],
         }
     }
 
@@ -226,10 +226,18 @@ impl UsageMeter {
             UsageFormat::OpenAi => get(Slot::OpenAiTotal),
             UsageFormat::Gemini => get(Slot::GeminiTotal),
             UsageFormat::Anthropic => {
-                match (get(Slot::AnthropicInput), get(Slot::AnthropicOutput)) {
-                    (None, None) => None,
-                    (input, output) => Some(input.unwrap_or(0).saturating_add(output.unwrap_or(0))),
-                }
+                let parts = [
+                    Slot::AnthropicInput,
+                    Slot::AnthropicOutput,
+                    Slot::AnthropicCacheWrite,
+                    Slot::AnthropicCacheRead,
+                ]
+                .map(get);
+                parts.iter().any(Option::is_some).then(|| {
+                    parts
+                        .iter()
+                        .fold(0u64, |sum, n| sum.saturating_add(n.unwrap_or(0)))
+                })
             }
         }
     }
@@ -306,6 +314,21 @@ mod tests {
         assert_eq!(
             both_ways("text/event-stream", stream, UsageFormat::Anthropic),
             Some(40)
+        );
+    }
+
+    #[test]
+    fn anthropic_cache_tokens_are_input_tokens() {
+        let body = r#"{"id":"m","type":"message","usage":{"input_tokens":1,"cache_creation_input_tokens":20000,"cache_read_input_tokens":10000,"output_tokens":100}}"#;
+        assert_eq!(
+            both_ways("application/json", body, UsageFormat::Anthropic),
+            Some(30_101)
+        );
+        let stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":1,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":30000,\"output_tokens\":1}}}\n\n\
+                      event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":100}}\n\n";
+        assert_eq!(
+            both_ways("text/event-stream", stream, UsageFormat::Anthropic),
+            Some(30_101)
         );
     }
 

@@ -1,7 +1,7 @@
 //! Server-Sent-Events streams read for their usage: the first event and the last events
 //! holding a usage object, framed (WHATWG event stream) and handed to the JSON scanner.
 
-use super::json::Scanner;
+use super::json::{Found, Scanner};
 
 /// The most of one SSE event kept (the bound on what a stream holds).
 pub(super) const MAX_EVENT: usize = 64 * 1024;
@@ -35,7 +35,7 @@ impl Sse {
         self.head.capacity() + self.tail_len
     }
 
-    pub(super) fn feed(&mut self, chunk: &bytes::Bytes, found: &mut [Option<u64>; 4]) {
+    pub(super) fn feed(&mut self, chunk: &bytes::Bytes, found: &mut Found) {
         if self.blank_line.is_none() {
             let cr_before = self.head.last() == Some(&b'\r');
             self.blank_line = match memchr::memchr2(b'\n', b'\r', chunk).map(|at| &chunk[at..]) {
@@ -67,7 +67,7 @@ impl Sse {
 
     /// The first event, framed and scanned once it has ended. Only an event that spans
     /// chunks is copied; then at most `MAX_EVENT` bytes of it.
-    fn read_head(&mut self, chunk: &[u8], found: &mut [Option<u64>; 4]) {
+    fn read_head(&mut self, chunk: &[u8], found: &mut Found) {
         let Some(blank) = self.blank_line else {
             self.keep_head(chunk);
             return;
@@ -110,7 +110,7 @@ impl Sse {
     }
 
     /// The stream ended: the last event holding a usage object is read.
-    pub(super) fn finish(&mut self, found: &mut [Option<u64>; 4]) {
+    pub(super) fn finish(&mut self, found: &mut Found) {
         let Some(blank) = self.blank_line else { return };
         // Most often that event lies whole in the last chunk; else in the kept tail joined.
         if let Some(last) = self.tail.back() {
@@ -189,7 +189,7 @@ enum Line {
 }
 
 impl Framer {
-    fn feed(&mut self, bytes: &[u8], found: &mut [Option<u64>; 4]) {
+    fn feed(&mut self, bytes: &[u8], found: &mut Found) {
         let mut i = 0;
         while i < bytes.len() {
             let b = bytes[i];
@@ -257,7 +257,7 @@ impl Framer {
         }
     }
 
-    fn end_line(&mut self, found: &mut [Option<u64>; 4]) {
+    fn end_line(&mut self, found: &mut Found) {
         if self.state == Line::DataStart {
             // `data:` with nothing after it: an empty data line.
             if self.has_data {
