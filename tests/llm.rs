@@ -527,3 +527,64 @@ fn reserve_request_holds_the_bodys_own_bound_and_sends_the_body_on_unchanged() {
     let r = send(r#"{"model":"m","max_tokens":960,"messages":[]}"#, "1");
     assert_eq!(r.status, 429, "{}", r.body);
 }
+
+/// Every output the request asks for is held (DESIGN §21): `n`, `best_of` and Gemini's
+/// `candidateCount` multiply its bound; a bound or multiplier spelled as a lenient upstream
+/// would still read it (`"40000"`, `4e4`, `40000.0`, twice) is 400 naming the field, and
+/// nothing is charged or sent.
+#[test]
+fn reserve_request_holds_every_output_and_refuses_a_loose_bound() {
+    let llm = llm();
+    let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
+    let send = |body: &str| {
+        let headers = [
+            ("x-customer", "acme"),
+            ("content-type", "application/json"),
+            ("x-tokens", "1"),
+        ];
+        http::request(
+            s.addr,
+            "POST",
+            "/bounded/openai/v1/chat/completions",
+            &headers,
+            body,
+        )
+    };
+    // 50 answers of up to 400 tokens: 20,000 and more, past the budget of 1,000.
+    let r = send(r#"{"model":"m","n":50,"max_tokens":400,"stream":true,"messages":[]}"#);
+    assert_eq!(r.status, 429, "{}", r.body);
+    let r = send(r#"{"model":"m","best_of":3,"max_tokens":400,"messages":[]}"#);
+    assert_eq!(r.status, 429, "{}", r.body);
+    // One answer of 400 fits.
+    let r = send(r#"{"model":"m","n":1,"max_tokens":400,"messages":[]}"#);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let hits = llm.hits();
+    for (body, field) in [
+        (
+            r#"{"model":"m","max_tokens":"40000","messages":[]}"#,
+            "max_tokens",
+        ),
+        (
+            r#"{"model":"m","max_tokens":4e4,"messages":[]}"#,
+            "max_tokens",
+        ),
+        (
+            r#"{"model":"m","max_tokens":40000.0,"messages":[]}"#,
+            "max_tokens",
+        ),
+        (
+            r#"{"model":"m","max_tokens":1,"max_tokens":40000,"messages":[]}"#,
+            "max_tokens",
+        ),
+        (
+            r#"{"model":"m","n":"50","max_tokens":1,"messages":[]}"#,
+            "n",
+        ),
+    ] {
+        let r = send(body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert!(r.body.contains(&format!("`{field}`")), "{body}: {}", r.body);
+    }
+    assert_eq!(llm.hits(), hits, "a refused body reached the upstream");
+}

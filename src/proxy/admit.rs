@@ -322,7 +322,7 @@ async fn body<'g>(
     match read_body(session).await? {
         RequestBody::Whole(body) => {
             if needs.bound {
-                bound = request_bound(&body);
+                bound = request_bound(&body).map_err(|bad| Refusal::BadBound(bad.0))?;
             }
             let asked = needs.usage.then(|| ask_for_usage(&body)).flatten();
             ctx.body.whole = Some(asked.map_or(body, Bytes::from));

@@ -20,6 +20,9 @@ pub enum Refusal<'g> {
     BadHost(&'static str),
     /// A path with no normal form (DESIGN §17): 400, or INVALID_ARGUMENT.
     BadPath(&'static str),
+    /// A metered request's output bound or multiplier (this field) that is not a plain
+    /// non-negative integer, or is written twice (DESIGN §21): 400, or INVALID_ARGUMENT.
+    BadBound(&'static str),
     /// No route matches: 404 `no route`, or UNIMPLEMENTED.
     NoRoute,
     /// A declared length over `max_request_body`: 413 as HTTP; the connection closes.
@@ -162,6 +165,10 @@ pub fn render(
             problem(400, body, Extra::default())
         }
         Refusal::BadPath(why) => problem(400, response::problem(400, "Bad Request", why), extra),
+        Refusal::BadBound(field) => {
+            let body = response::problem(400, "Bad Request", &bad_bound(field));
+            problem(400, body, extra)
+        }
         Refusal::NoRoute => {
             let body = Bytes::from_static(b"no route\n");
             answer(404, "text/plain", body, std::iter::empty(), extra)
@@ -213,6 +220,9 @@ fn grpc_headers(
             response::grpc_status(GrpcStatus::PermissionDenied, "client address denied")
         }
         Refusal::BadPath(why) => response::grpc_status(GrpcStatus::InvalidArgument, why),
+        Refusal::BadBound(field) => {
+            response::grpc_status(GrpcStatus::InvalidArgument, &bad_bound(field))
+        }
         Refusal::NoRoute => response::grpc_status(GrpcStatus::Unimplemented, "no route"),
         Refusal::Auth(refusal) => response::grpc_auth_refusal(refusal),
         Refusal::Denied(denied) => {
@@ -225,6 +235,11 @@ fn grpc_headers(
 }
 
 /// A problem+json answer with no headers of its own.
+/// The detail of `Refusal::BadBound`.
+fn bad_bound(field: &str) -> String {
+    format!("`{field}` must be a plain non-negative integer, written once: it bounds what the request may cost")
+}
+
 fn problem(status: u16, body: String, extra: Extra<'_>) -> Result<Rendered> {
     answer(
         status,
@@ -451,6 +466,22 @@ mod tests {
         assert!(Refusal::BodyTooLarge.closes());
         assert!(Refusal::MeteredBodyTooLarge.closes());
         assert!(!Refusal::NoRoute.closes());
+    }
+
+    #[test]
+    fn a_bad_bound_is_400_or_invalid_argument_naming_the_field() {
+        let (status, headers, body) = http(Refusal::BadBound("n"), false, Extra::default());
+        assert_eq!(status, 400);
+        assert!(
+            body.contains("`n` must be a plain non-negative integer"),
+            "{body}"
+        );
+        assert_eq!(headers, problem_headers(&body));
+        let grpc = grpc(Refusal::BadBound("max_tokens"), true);
+        assert!(
+            grpc.contains(&("grpc-status".into(), "3".into())),
+            "{grpc:?}"
+        );
     }
 
     #[test]

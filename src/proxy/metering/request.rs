@@ -182,34 +182,98 @@ pub fn content_length(req: &RequestHeader) -> Option<u64> {
         .ok()
 }
 
+/// A field that bounds or multiplies a request's output, not written as a plain
+/// non-negative integer, or written twice (DESIGN §21): the 400's detail names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadBound(pub &'static str);
+
+/// The output bounds and multipliers of the top level (OpenAI's `max_tokens`,
+/// `max_completion_tokens`, the Responses API's `max_output_tokens`, Anthropic's
+/// `max_tokens`; `n` and `best_of`), then Gemini's config in both spellings.
+const TOP: [&str; 7] = [
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "n",
+    "best_of",
+    "generationConfig",
+    "generation_config",
+];
+/// In Gemini's config: the output bound, then the candidates (a multiplier).
+const GEMINI: [&str; 4] = [
+    "maxOutputTokens",
+    "max_output_tokens",
+    "candidateCount",
+    "candidate_count",
+];
+
 /// `reserve = "request"`: a JSON request's upper bound on the tokens it may cost, its
-/// bytes / 4 for the input plus the largest output bound it sets (OpenAI's `max_tokens`,
-/// `max_completion_tokens` and the Responses API's `max_output_tokens`, Anthropic's
-/// `max_tokens`, Gemini's `generationConfig.maxOutputTokens`); None without one.
+/// bytes / 4 for the input plus the largest output bound it sets times the most outputs it
+/// asks for (`n`, `best_of`, Gemini's `candidateCount`); Ok(None) without an output bound.
+/// A bound or multiplier that is not a plain non-negative integer (`"400"`, `4e2`, `400.0`,
+/// `-1`) or is written twice is refused (DESIGN §21): a lenient upstream would read it.
 ///
 /// The body is read as `ask_for_usage` reads it (the top level walked, so no depth hides a
-/// bound; the last of repeated keys; a byte order mark, UTF-16 or UTF-32 decoded).
-pub fn request_bound(body: &[u8]) -> Option<u64> {
-    use serde_json::Value;
-    let text = json_text(body)?;
-    let names = [
-        "max_tokens",
-        "max_completion_tokens",
-        "max_output_tokens",
-        "generationConfig",
-    ];
-    let (found, _) = top_level(&text, names)?;
-    let [tokens @ .., gemini] =
-        found.map(|at| at.and_then(|at| serde_json::from_slice::<Value>(&text[at]).ok()));
-    let gemini = gemini.as_ref().and_then(|g| g.get("maxOutputTokens"));
-    let output = tokens
-        .iter()
+/// bound; a byte order mark, UTF-16 or UTF-32 decoded).
+pub fn request_bound(body: &[u8]) -> Result<Option<u64>, BadBound> {
+    let Some(text) = json_text(body) else {
+        return Ok(None);
+    };
+    let Some((found, _, seen)) = top_level(&text, TOP) else {
+        return Ok(None);
+    };
+    let mut numbers = [None; 7];
+    for (i, name) in TOP.iter().enumerate().take(5) {
+        numbers[i] = plain_integer(&text, &found[i], seen[i], name)?;
+    }
+    let mut gemini = [None; 4];
+    for (i, (at, n)) in found.iter().zip(seen).enumerate().skip(5) {
+        if n > 1 {
+            return Err(BadBound(TOP[i]));
+        }
+        let Some(at) = at else { continue };
+        let inner = &text[at.clone()];
+        if let Some((inner_found, _, inner_seen)) = top_level(inner, GEMINI) {
+            for (i, name) in GEMINI.iter().enumerate() {
+                let value = plain_integer(inner, &inner_found[i], inner_seen[i], name)?;
+                gemini[i] = gemini[i].max(value);
+            }
+        }
+    }
+    let output = [numbers[0], numbers[1], numbers[2], gemini[0], gemini[1]];
+    let Some(output) = output.into_iter().flatten().max() else {
+        return Ok(None);
+    };
+    let times = [numbers[3], numbers[4], gemini[2], gemini[3]]
+        .into_iter()
         .flatten()
-        .chain(gemini)
-        .filter_map(Value::as_u64)
-        .max()?;
+        .fold(1, u64::max);
+    let bound = (body.len() as u64 / 4).saturating_add(output.saturating_mul(times));
     // Far past any budget (so refused), yet exact in Redis's Lua arithmetic.
-    Some((body.len() as u64 / 4).saturating_add(output).min(1 << 40))
+    Ok(Some(bound.min(1 << 40)))
+}
+
+/// The value at `at` (a member `name` seen `seen` times) as a plain non-negative integer;
+/// `null` or absent is none.
+fn plain_integer(
+    text: &[u8],
+    at: &Option<std::ops::Range<usize>>,
+    seen: u32,
+    name: &'static str,
+) -> Result<Option<u64>, BadBound> {
+    let Some(at) = at else { return Ok(None) };
+    let raw = &text[at.clone()];
+    if raw == b"null" && seen == 1 {
+        return Ok(None);
+    }
+    let digits = !raw.is_empty() && raw.iter().all(u8::is_ascii_digit);
+    let value = std::str::from_utf8(raw)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
+    match (seen, digits, value) {
+        (1, true, Some(n)) => Ok(Some(n)),
+        _ => Err(BadBound(name)),
+    }
 }
 
 /// What `ask_for_usage` adds to a stream request that has no `stream_options`.
@@ -232,7 +296,7 @@ const INCLUDE_USAGE: &[u8] = br#","stream_options":{"include_usage":true}"#;
 pub fn ask_for_usage(body: &[u8]) -> Option<Vec<u8>> {
     let text = json_text(body)?;
     let names = ["stream", "stream_options", "input", "messages", "prompt"];
-    let ([stream, stream_options, input, messages, prompt], last_end) = top_level(&text, names)?;
+    let ([stream, stream_options, input, messages, prompt], last_end, _) = top_level(&text, names)?;
     if input.is_some() && messages.is_none() && prompt.is_none() {
         return None;
     }
@@ -329,10 +393,12 @@ fn truthy(value: &serde_json::Value) -> bool {
 type Found<const N: usize> = [Option<std::ops::Range<usize>>; N];
 
 /// Where the last value of each of `names` lies among a JSON object's top-level members,
-/// and where its last member ends; None when `text` is not one object (or an empty one).
-/// Walked without recursion: containers are skipped by counting brackets outside strings.
-fn top_level<const N: usize>(text: &[u8], names: [&str; N]) -> Option<(Found<N>, usize)> {
+/// where its last member ends, and how often each name was seen; None when `text` is not
+/// one object (or an empty one). Walked without recursion: containers are skipped by
+/// counting brackets outside strings.
+fn top_level<const N: usize>(text: &[u8], names: [&str; N]) -> Option<(Found<N>, usize, [u32; N])> {
     let mut found: Found<N> = std::array::from_fn(|_| None);
+    let mut seen = [0u32; N];
     let mut at = skip_ws(text, 0);
     if text.get(at) != Some(&b'{') {
         return None;
@@ -352,11 +418,14 @@ fn top_level<const N: usize>(text: &[u8], names: [&str; N]) -> Option<(Found<N>,
         let end = value_end(text, start)?;
         if let Some(i) = names.iter().position(|name| key_is(key, name)) {
             found[i] = Some(start..end);
+            seen[i] += 1;
         }
         at = skip_ws(text, end);
         match text.get(at) {
             Some(b',') => at = skip_ws(text, at + 1),
-            Some(b'}') => return (skip_ws(text, at + 1) == text.len()).then_some((found, end)),
+            Some(b'}') => {
+                return (skip_ws(text, at + 1) == text.len()).then_some((found, end, seen))
+            }
             _ => return None,
         }
     }
@@ -431,28 +500,74 @@ mod tests {
 
     #[test]
     fn a_request_is_bounded_by_its_size_and_largest_output_bound() {
+        let bound = |b: &[u8]| request_bound(b).expect("a bound or none");
         let body = br#"{"model":"m","max_tokens":100,"max_completion_tokens":300,"messages":[]}"#;
-        assert_eq!(request_bound(body), Some(body.len() as u64 / 4 + 300));
+        assert_eq!(bound(body), Some(body.len() as u64 / 4 + 300));
         let gemini = br#"{"contents":[],"generationConfig":{"maxOutputTokens":64}}"#;
-        assert_eq!(request_bound(gemini), Some(gemini.len() as u64 / 4 + 64));
-        assert_eq!(request_bound(br#"{"model":"m","messages":[]}"#), None);
-        assert_eq!(request_bound(br#"{"max_tokens":"many"}"#), None);
-        assert_eq!(request_bound(b"max_tokens=5"), None);
-        // No spelling hides a bound: any depth, the last of repeated keys, UTF-16.
+        assert_eq!(bound(gemini), Some(gemini.len() as u64 / 4 + 64));
+        assert_eq!(bound(br#"{"model":"m","messages":[]}"#), None);
+        assert_eq!(bound(br#"{"max_tokens":null}"#), None);
+        assert_eq!(bound(b"max_tokens=5"), None);
+        // No spelling hides a bound: any depth, UTF-16.
         let deep = format!(
             r#"{{"messages":[{}]{},"max_tokens":1000}}"#,
             "[".repeat(3000),
             "]".repeat(3000)
         );
-        assert_eq!(
-            request_bound(deep.as_bytes()),
-            Some(deep.len() as u64 / 4 + 1000)
-        );
-        let twice = br#"{"max_tokens":1,"max_tokens":900}"#;
-        assert_eq!(request_bound(twice), Some(twice.len() as u64 / 4 + 900));
+        assert_eq!(bound(deep.as_bytes()), Some(deep.len() as u64 / 4 + 1000));
         let utf16: Vec<u8> =
             r#"{"max_tokens":700}"#.encode_utf16().flat_map(u16::to_le_bytes).collect();
-        assert_eq!(request_bound(&utf16), Some(utf16.len() as u64 / 4 + 700));
+        assert_eq!(bound(&utf16), Some(utf16.len() as u64 / 4 + 700));
+    }
+
+    #[test]
+    fn every_output_a_request_asks_for_is_bounded() {
+        let bound = |b: &[u8]| request_bound(b).expect("a bound or none");
+        let n = br#"{"n":50,"max_tokens":400,"stream":true}"#;
+        assert_eq!(bound(n), Some(n.len() as u64 / 4 + 50 * 400));
+        let best_of = br#"{"prompt":"p","best_of":5,"n":2,"max_tokens":10}"#;
+        assert_eq!(bound(best_of), Some(best_of.len() as u64 / 4 + 5 * 10));
+        let gemini = br#"{"generationConfig":{"candidateCount":4,"maxOutputTokens":100}}"#;
+        assert_eq!(bound(gemini), Some(gemini.len() as u64 / 4 + 400));
+        let snake = br#"{"generation_config":{"candidate_count":3,"max_output_tokens":100}}"#;
+        assert_eq!(bound(snake), Some(snake.len() as u64 / 4 + 300));
+    }
+
+    #[test]
+    fn a_bound_spelled_loosely_is_refused_naming_its_field() {
+        for (body, field) in [
+            (&br#"{"max_tokens":"40000"}"#[..], "max_tokens"),
+            (br#"{"max_tokens":4e4}"#, "max_tokens"),
+            (br#"{"max_tokens":40000.0}"#, "max_tokens"),
+            (br#"{"max_tokens":-1}"#, "max_tokens"),
+            (br#"{"max_tokens":1,"max_tokens":900}"#, "max_tokens"),
+            (
+                br#"{"max_completion_tokens":"many"}"#,
+                "max_completion_tokens",
+            ),
+            (br#"{"n":"50","max_tokens":1}"#, "n"),
+            (br#"{"best_of":2.5}"#, "best_of"),
+            (
+                br#"{"generationConfig":{"maxOutputTokens":"64"}}"#,
+                "maxOutputTokens",
+            ),
+            (
+                br#"{"generationConfig":{"candidateCount":1e1}}"#,
+                "candidateCount",
+            ),
+            (
+                br#"{"generationConfig":{},"generationConfig":{}}"#,
+                "generationConfig",
+            ),
+            (br#"{"max_tokens":99999999999999999999999}"#, "max_tokens"),
+        ] {
+            assert_eq!(
+                request_bound(body),
+                Err(BadBound(field)),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     fn asked(body: &str) -> Option<String> {
