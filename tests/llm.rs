@@ -24,6 +24,8 @@ use common::Sluice;
 ///   half read from it (`cache_creation_input_tokens`, `cache_read_input_tokens`);
 /// - `x-gap-ms: M`: the pause between events (default 20);
 /// - `x-cut: 1`: the stream stops before its usage, the connection closed mid-body;
+/// - `x-linger-ms: M`: after the last event, SSE comments every 50 ms for M ms before the
+///   body ends (an upstream slow to end a stream the client has already read whole);
 /// - `x-fail: 1`: a 503 with an error body and no usage.
 ///
 /// Every whole answer says what body it got: `x-body-sum`, the sum of its bytes.
@@ -135,6 +137,13 @@ fn answer(conn: &mut TcpStream, req: &Request) -> bool {
         let _ = conn.shutdown(std::net::Shutdown::Both);
         return false;
     }
+    let linger: u64 = req.header("x-linger-ms").map_or(0, |m| m.parse().unwrap());
+    for _ in 0..linger / 50 {
+        std::thread::sleep(Duration::from_millis(50));
+        if conn.write_all(b"c\r\n: keep-alive\r\n\r\n").is_err() {
+            return false;
+        }
+    }
     conn.write_all(b"0\r\n\r\n").is_ok()
 }
 
@@ -240,6 +249,43 @@ fn tokens_each_format_reports_are_charged_exactly_whole_and_streamed() {
         assert_eq!(remaining(&r), 272, "{format}: {:?}", r.headers);
     }
     assert_eq!(llm.hits(), 15);
+}
+
+/// A client that reads the whole stream, usage and `[DONE]` included, and closes at once is
+/// charged the usage it was sent, not its reservation (DESIGN §21), though the upstream's
+/// body had not ended.
+#[test]
+fn a_client_that_closes_after_done_is_charged_its_usage() {
+    let llm = llm();
+    let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
+    for round in 1..=3u64 {
+        let body =
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
+        let raw = format!(
+            "POST {} HTTP/1.1\r\nHost: x\r\nx-customer: acme\r\nx-tokens: 40\r\nx-linger-ms: 1000\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            path("openai", true),
+            body.len()
+        );
+        let mut conn = std::net::TcpStream::connect(s.addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn.write_all(raw.as_bytes()).unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("[DONE]") {
+            let n = std::io::Read::read(&mut conn, &mut buf).unwrap();
+            assert!(n > 0, "the stream ended before [DONE]");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        drop(conn);
+        assert!(
+            s.wait_for(Duration::from_secs(5), || units(&s, "openai", "charged")
+                == (40 * round) as f64),
+            "round {round}: charged {} (its usage is 40 a request, its reservation 100)",
+            units(&s, "openai", "charged")
+        );
+    }
 }
 
 /// Anthropic's prompt cache: tokens written to it and read from it are input tokens, charged

@@ -37,7 +37,7 @@ pub struct Metering {
     /// Charges of metered policies the response settles.
     pub charges: Vec<Charge>,
     /// `cost = { usage = … }`: the upstream's body read as it passes (through its
-    /// Content-Encoding), and whether it ended whole (a cut stream has no usable cost).
+    /// Content-Encoding), and whether it ended whole (a cut one is read as far as it went).
     meter: Option<BodyMeter>,
     body_ended: bool,
     /// The upstream's status once its response header came: a client that goes away
@@ -86,7 +86,9 @@ impl Metering {
 
     /// Settles the request's metered charges (DESIGN §12) by the response's status (None:
     /// the client went away before one was sent), from an upstream its header, and once the
-    /// response has `ended`, its body's usage; until then charges by usage stay pending.
+    /// response has `ended`, its body's usage; until then charges by usage stay pending. A
+    /// usage read from the bytes that passed is charged even when the body was cut (the
+    /// client closed right after `[DONE]`, DESIGN §21); without one, the reservation.
     pub async fn settle(
         &mut self,
         gateway: Option<&Gateway>,
@@ -100,6 +102,12 @@ impl Metering {
         };
         let policies = &gateway.config.policies;
         let success = status.is_some_and(|s| (200..300).contains(&s));
+        if ended && !self.body_ended {
+            if let Some(meter) = &mut self.meter {
+                meter.finish();
+            }
+            self.body_ended = true;
+        }
         let usage = self.meter.as_ref().filter(|_| self.body_ended);
         let mut pending = Vec::new();
         let mut settled = Vec::with_capacity(self.charges.len());
