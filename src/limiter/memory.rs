@@ -308,26 +308,29 @@ impl Shard {
             *place = (self.next_random() % len as u64) as usize;
         }
         // Highest place first: a swap_remove moves the last entry into the freed place,
-        // which no lower sampled place can be.
+        // which no lower sampled place can be. Each place once.
         sample.sort_unstable_by(|a, b| b.cmp(a));
-        let mut dedup = sample.to_vec();
-        dedup.dedup();
-        let expired: Vec<usize> = dedup
-            .iter()
-            .copied()
-            .filter(|&i| self.map.get_index(i).is_some_and(|(_, e)| e.expires <= now))
-            .collect();
-        if expired.is_empty() {
-            let victim = dedup
+        let places = || {
+            sample
                 .iter()
-                .copied()
-                .min_by_key(|&i| self.map.get_index(i).map_or(u64::MAX, |(_, e)| e.used));
-            return victim.is_some_and(|i| self.map.swap_remove_index(i).is_some());
+                .enumerate()
+                .filter(|&(i, p)| i == 0 || sample[i - 1] != *p)
+                .map(|(_, &p)| p)
+        };
+        let expired = |map: &IndexMap<String, Entry, _>, i: usize| {
+            map.get_index(i).is_some_and(|(_, e)| e.expires <= now)
+        };
+        if places().any(|i| expired(&self.map, i)) {
+            for i in places() {
+                if expired(&self.map, i) {
+                    self.map.swap_remove_index(i);
+                }
+            }
+            return false;
         }
-        for i in expired {
-            self.map.swap_remove_index(i);
-        }
-        false
+        let victim =
+            places().min_by_key(|&i| self.map.get_index(i).map_or(u64::MAX, |(_, e)| e.used));
+        victim.is_some_and(|i| self.map.swap_remove_index(i).is_some())
     }
 
     fn next_random(&mut self) -> u64 {
