@@ -253,7 +253,7 @@ impl UsageMeter {
 
 #[cfg(test)]
 mod tests {
-    use super::request::{ask_for_usage, request_bound};
+    use super::request::{ask_for_usage, request_bound, Written};
     use super::sse::MAX_EVENT;
     use super::*;
 
@@ -562,7 +562,11 @@ mod tests {
                 let _ = meter.cost(UsageFormat::Anthropic);
             }
             let _ = ask_for_usage(&bytes);
-            let _ = request_bound(&bytes);
+            let written = Written {
+                tokens: 1,
+                format: None,
+            };
+            let _ = request_bound(&bytes, written);
         }
     }
 }
