@@ -190,6 +190,13 @@ fn config(upstream: SocketAddr, backend: &str) -> String {
          key = [\"header:x-customer\"]\ncost = { usage = \"openai\" }\nreserve = \"request\"\nmax_reserve = 500\n\
          [[routes]]\nname = \"bounded\"\npath_prefix = \"/bounded\"\nupstream = \"llm\"\npolicies = [\"bounded_tokens\"]\n",
     );
+    // Anthropic's cache tokens weighed (DESIGN §21).
+    c.push_str(
+        "[policies.weighted_tokens]\nalgorithm = \"token_bucket\"\nlimit = 100000\nperiod = \"1h\"\n\
+         key = [\"header:x-customer\"]\n\
+         cost = { usage = \"anthropic\", weights = { cache_read = 0.1, cache_write = 1.25 } }\n\
+         [[routes]]\nname = \"weighted\"\npath_prefix = \"/weighted\"\nupstream = \"llm\"\npolicies = [\"weighted_tokens\"]\n",
+    );
     for format in ["openai", "anthropic", "gemini"] {
         c.push_str(&format!(
             "[policies.{format}_tokens]\nalgorithm = \"token_bucket\"\nlimit = 1000\nperiod = \"1h\"\n\
@@ -338,6 +345,18 @@ fn anthropic_cached_prompt_tokens_are_charged() {
         &[("x-tokens", "1")],
     );
     assert_eq!(r.status, 429, "{}", r.body);
+    // Weighed: 300 read from the cache at 0.1 and 300 written at 1.25, rounded up, plus
+    // the 100 uncached tokens.
+    let headers = [("x-tokens", "100"), ("x-cached", "600")];
+    for stream in [false, true] {
+        let path = format!("/weighted{}", path("anthropic", stream));
+        let r = chat(s.addr, &path, "acme", stream, &headers);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let charged =
+        "sluice_policy_units_total{kind=\"charged\",policy=\"weighted_tokens\",route=\"weighted\"}";
+    assert!(s.wait_for(Duration::from_secs(5), || s.metric(charged) >= 1010.0));
+    assert_eq!(s.metric(charged), 2.0 * (100.0 + 30.0 + 375.0));
 }
 
 #[test]

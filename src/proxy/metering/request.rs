@@ -350,7 +350,7 @@ fn write_bound(
     }
     let chat = has(MESSAGES);
     let field = match written.format {
-        Some(UsageFormat::Anthropic) => "max_tokens",
+        Some(UsageFormat::Anthropic(_)) => "max_tokens",
         _ if has(INPUT) && !chat && !has(PROMPT) => "max_output_tokens",
         _ if has(PROMPT) && !chat => "max_tokens",
         _ => "max_completion_tokens",
@@ -605,6 +605,7 @@ fn value_end(text: &[u8], start: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CacheWeights;
 
     const WRITTEN: Written = Written {
         tokens: 500,
@@ -641,7 +642,7 @@ mod tests {
             )
         );
         assert_eq!(
-            written(chat, Some(UsageFormat::Anthropic)).0,
+            written(chat, Some(UsageFormat::Anthropic(CacheWeights::ONE))).0,
             r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500}"#
         );
         assert_eq!(
