@@ -3,7 +3,11 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::time::Duration;
+
+use base64::Engine;
 
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 
@@ -43,6 +47,21 @@ pub fn call(admin: &Admin, call: &AdminCall) -> Result<Answer, String> {
         .read_to_end(&mut raw)
         .map_err(|e| format!("reading from {addr}: {e}"))?;
     parse(&raw).ok_or_else(|| format!("{addr} did not answer HTTP"))
+}
+
+/// `sluice admin token FILE`: a new random 256-bit token (base64url, 43 characters) in a new
+/// file readable by its owner only. An existing file is kept: a running sluice would go on
+/// answering to the token it read, so replacing it is a deliberate `rm` first.
+pub fn write_token(path: &Path) -> Result<(), String> {
+    let secret: [u8; 32] = rand::random();
+    let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{token}"))
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))
 }
 
 /// Method, path with query, and JSON body of `call`.
@@ -119,6 +138,8 @@ fn request(call: &AdminCall) -> (&'static str, String, String) {
             ),
             String::new(),
         ),
+        // Written by `write_token`, never sent: main.rs handles it before the config is read.
+        AdminCall::Token { .. } => ("GET", "/v1/policies".to_owned(), String::new()),
         AdminCall::Top { policy, n } => (
             "GET",
             format!(

@@ -1,0 +1,534 @@
+#!/usr/bin/env python3
+"""Docs as tests: every example of README.md and docs/*.md runs as written.
+
+    python3 scripts/check-doc-examples.py [--sluice target/release/sluice]
+
+- Every ```toml block passes `sluice check`. The HTML comment on the line before a block
+  says what it is (no comment: a complete config):
+    <!-- check: fragment -->         checked inside a minimal config: the upstreams and
+                                      policies its routes name but it does not define, and a
+                                      route when it has none, are added after it;
+    <!-- check: invalid FILE -->      must fail, and `sluice check --config FILE` must print
+                                      exactly the `FILE:LINE:COL: ...` lines the page shows.
+- Every ```yaml block is an envoyproxy/ratelimit file that passes `sluice check` under
+  `[rls] config`, unless marked `<!-- check: fragment -->` (descriptors: checked inside a
+  domain), `<!-- check: envoy -->` (the Envoy config tests/rls.rs runs through a real Envoy)
+  or `<!-- check: skip REASON -->`.
+- Paths under /etc/sluice/ are read from a throw-away directory holding what the examples
+  name: a certificate and key for api.example.com (tls/api.pem, tls/api.key), an upstream CA
+  and client certificate (internal-ca.pem, to-api.pem, to-api.key), quota.json, ratelimit/.
+- Shell recipes marked `<!-- check: run NAME -->` (the indented code block after the
+  comment) run in that directory, and their results are used: `admin-token` (the admin
+  token file), `jwt` (examples/make-jwt.py's key set and token), `mtls` (a client
+  certificate), each then presented to a live sluice.
+- The README's quick start runs against a live `sluice run --config conf/sluice.toml` (in
+  a private network namespace when `unshare -rn` works, so its fixed ports are free): every
+  `curl` and `sluice` line must be one this script knows, and gets the answer its comment
+  gives. The documented exit statuses, the `sluice admin` outputs and the list of metrics of
+  docs/responses-and-metrics.md are checked against live sluices too.
+
+Exit 1 with FILE:LINE: what failed. Standard library, openssl and curl.
+"""
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKER = re.compile(r"^\s*<!--\s*check:\s*(.*?)\s*-->\s*$")
+DEFAULT = re.compile(r"^<!--\s*check-default:\s*(.*?)\s*-->\s*$")
+FENCE = re.compile(r"^( *)```(\w*)\s*$")
+FAILURES = []
+
+
+def fail(where, what):
+    FAILURES.append(f"{where}: {what}")
+    print(f"FAIL {where}: {what}", flush=True)
+
+
+def ok(what):
+    print(f"ok   {what}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# The pages' blocks
+
+
+class Block:
+    def __init__(self, path, line, lang, text, marker, end):
+        self.path, self.line, self.lang, self.text = path, line, lang, text
+        self.marker, self.end = marker, end
+
+    @property
+    def where(self):
+        return f"{self.path}:{self.line}"
+
+
+def marker_before(lines, i):
+    """The `check:` marker on the nearest non-blank line before line i, if any."""
+    j = i - 1
+    while j >= 0 and not lines[j].strip():
+        j -= 1
+    m = MARKER.match(lines[j]) if j >= 0 else None
+    return m.group(1) if m else None
+
+
+def blocks(path):
+    """Fenced blocks, and indented blocks that follow a `run` marker, of one page. A
+    `check-default:` comment gives the marker of the page's later unmarked blocks."""
+    lines = open(os.path.join(ROOT, path), encoding="utf-8").read().split("\n")
+    out, i, default = [], 0, None
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        d = DEFAULT.match(lines[i])
+        if d:
+            default = d.group(1)
+        if m:
+            indent = len(m.group(1))
+            j = i + 1
+            while j < len(lines) and not re.match(r"^ *```\s*$", lines[j]):
+                j += 1
+            text = "\n".join(l[indent:] for l in lines[i + 1 : j]) + "\n"
+            marker = marker_before(lines, i)
+            if marker is None and m.group(2) == "toml":
+                marker = default
+            out.append(Block(path, i + 1, m.group(2), text, marker, j))
+            i = j + 1
+            continue
+        mk = MARKER.match(lines[i])
+        if mk and mk.group(1).startswith("run "):
+            j = i + 1
+            while j < len(lines) and not lines[j].strip():
+                j += 1
+            start = j
+            while j < len(lines) and (lines[j].startswith("    ") or not lines[j].strip()):
+                j += 1
+            text = "\n".join(l[4:] for l in lines[start:j]) + "\n"
+            out.append(Block(path, start + 1, "sh", text.rstrip() + "\n", mk.group(1), j))
+            i = j
+            continue
+        i += 1
+    return out
+
+
+def pages():
+    return ["README.md"] + sorted(
+        os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Throw-away files the examples name
+
+
+def sh(cmd, cwd, env=None, timeout=60):
+    return subprocess.run(
+        cmd, cwd=cwd, shell=True, capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def make_fixtures(d):
+    """What the examples read, under d (which stands for /etc/sluice/)."""
+    os.makedirs(os.path.join(d, "tls"), exist_ok=True)
+    os.makedirs(os.path.join(d, "ratelimit"), exist_ok=True)
+    cmds = [
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30"
+        " -subj /CN=api.example.com -addext subjectAltName=DNS:api.example.com,DNS:*.example.com"
+        " -keyout tls/api.key -out tls/api.pem",
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30"
+        " -subj /CN=internal-ca -addext basicConstraints=critical,CA:TRUE"
+        " -keyout internal-ca.key -out internal-ca.pem",
+        "openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=edge"
+        " -keyout to-api.key -out to-api.csr",
+        "openssl x509 -req -in to-api.csr -CA internal-ca.pem -CAkey internal-ca.key -days 30"
+        " -extfile <(printf 'extendedKeyUsage=clientAuth') -out to-api.pem",
+    ]
+    for c in cmds:
+        r = subprocess.run(["bash", "-c", c], cwd=d, capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"making the examples' files: {c}\n{r.stderr}")
+    with open(os.path.join(d, "quota.json"), "w") as f:
+        f.write('{"error": "monthly quota used up"}\n')
+    with open(os.path.join(d, "ratelimit", "rl.yaml"), "w") as f:
+        f.write("domain: fixture\ndescriptors:\n  - key: fixture\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+
+
+def localise(text, etc):
+    return text.replace("/etc/sluice/", etc + "/")
+
+
+# ---------------------------------------------------------------------------------------
+# TOML and YAML blocks
+
+
+def stubs(fragment):
+    """What a fragment's routes name but it does not define, and a route if it has none."""
+    doc = tomllib.loads(fragment)
+    upstreams = doc.get("upstreams", {})
+    policies = doc.get("policies", {})
+    routes = doc.get("routes", [])
+    out = []
+    if "server" not in doc:
+        out.append('[server]\nlisten = ["127.0.0.1:8080"]\n')
+    for r in routes:
+        u = r.get("upstream")
+        if u and u not in upstreams:
+            upstreams[u] = True
+            out.append(f'[upstreams.{u}]\nservers = ["127.0.0.1:9"]\n')
+        for p in r.get("policies", []):
+            if p not in policies:
+                policies[p] = True
+                out.append(
+                    f'[policies.{p}]\nalgorithm = "fixed_window"\nlimit = 1\nperiod = "1s"\nkey = []\n'
+                )
+    if not routes:
+        names = ", ".join(f'"{p}"' for p in doc.get("policies", {}))
+        auth = '\nauth = "optional"' if "auth" in doc else ""
+        out.append(
+            '[[routes]]\nname = "docs-check"\npath_prefix = "/"\n'
+            f'respond = {{ status = 200 }}\npolicies = [{names}]{auth}\n'
+        )
+    return "\n".join(out)
+
+
+def check(sluice, config, cwd):
+    r = subprocess.run(
+        [sluice, "check", "--config", config], cwd=cwd, capture_output=True, text=True
+    )
+    return r.returncode, r.stdout + r.stderr
+
+
+def check_toml(b, sluice, etc):
+    text = localise(b.text, etc)
+    kind = (b.marker or "").split()
+    if kind[:1] == ["invalid"]:
+        return check_invalid(b, sluice, etc, kind[1] if len(kind) > 1 else "bad.toml")
+    if kind[:1] == ["fragment"]:
+        try:
+            text = text + "\n" + stubs(text)
+        except tomllib.TOMLDecodeError as e:
+            return fail(b.where, f"not TOML: {e}")
+    elif kind:
+        return fail(b.where, f"unknown marker `check: {b.marker}`")
+    path = os.path.join(etc, "docs-example.toml")
+    with open(path, "w") as f:
+        f.write(text)
+    rc, out = check(sluice, path, etc)
+    if rc != 0:
+        return fail(b.where, f"`sluice check` exit {rc} (the file's lines are the block's):\n{out}")
+    ok(f"{b.where} toml{' fragment' if kind else ''} passes check")
+
+
+def check_invalid(b, sluice, etc, name):
+    page = open(os.path.join(ROOT, b.path), encoding="utf-8").read().split("\n")
+    shown = []
+    for line in page[b.end :]:
+        if line.startswith("#"):
+            break
+        s = line.strip()
+        if s.startswith(name + ":"):
+            shown.append(s)
+    if not shown:
+        return fail(b.where, f"an invalid example must be followed by the `{name}:...` lines check prints")
+    path = os.path.join(etc, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(localise(b.text, etc))
+    rc, out = check(sluice, name, etc)
+    got = [l for l in out.splitlines() if l.strip()]
+    if rc != 2 or got != shown:
+        return fail(b.where, f"check exit {rc} printed\n{out}but the page shows\n" + "\n".join(shown))
+    ok(f"{b.where} invalid example fails check with the {len(shown)} errors shown")
+    return shown
+
+
+def check_yaml(b, sluice, etc):
+    kind = (b.marker or "").split()
+    if kind[:1] in (["skip"], ["envoy"]):
+        if kind[0] == "skip" and len(kind) < 2:
+            fail(b.where, "`check: skip` needs a reason")
+        return
+    text = b.text
+    if kind[:1] == ["fragment"]:
+        text = "domain: docs-fragment\ndescriptors:\n" + "".join(
+            "  " + l + "\n" for l in b.text.splitlines()
+        )
+    elif kind:
+        return fail(b.where, f"unknown marker `check: {b.marker}`")
+    d = tempfile.mkdtemp(dir=etc)
+    with open(os.path.join(d, "rules.yaml"), "w") as f:
+        f.write(text)
+    config = os.path.join(d, "sluice.toml")
+    with open(config, "w") as f:
+        f.write(
+            '[server]\nlisten = ["127.0.0.1:8080"]\n[rls]\nlisten = "127.0.0.1:8081"\n'
+            'config = ["*.yaml"]\n[[routes]]\nname = "r"\npath_prefix = "/"\nrespond = { status = 200 }\n'
+        )
+    rc, out = check(sluice, config, d)
+    if rc != 0:
+        return fail(b.where, f"ratelimit YAML fails `sluice check` (exit {rc}):\n{out}")
+    ok(f"{b.where} ratelimit yaml{' fragment' if kind else ''} passes check")
+
+
+# ---------------------------------------------------------------------------------------
+# Live sluices
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, log, seconds=15):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sluice exited {proc.returncode}:\n{open(log).read()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}:\n{open(log).read()}")
+
+
+class Live:
+    """A `sluice run` in the background, its log in LOG."""
+
+    def __init__(self, sluice, config, cwd, wait, env=None):
+        self.log = os.path.join(cwd, f"sluice-{os.path.basename(config)}-{wait}.log")
+        self.proc = subprocess.Popen(
+            [sluice, "run", "--config", config],
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "w"),
+            env=env,
+        )
+        wait_port(wait, self.proc, self.log)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        return open(self.log).read()
+
+
+def curl(args, cwd="/"):
+    r = subprocess.run(["bash", "-c", "curl " + args], cwd=cwd, capture_output=True, text=True)
+    return r
+
+
+def status_of(out):
+    m = re.search(r"^HTTP/[\d.]+ (\d{3})", out, re.M)
+    return int(m.group(1)) if m else None
+
+
+def scrape(port):
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+# ---------------------------------------------------------------------------------------
+# The README's quick start, against a live sluice on the quick start's own ports
+
+
+def section(path, heading, until):
+    """(line number, line) of the page between `heading` and the next `until` heading."""
+    lines = open(os.path.join(ROOT, path), encoding="utf-8").read().split("\n")
+    start = lines.index(heading)
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith(until))
+    return [(i + 1, lines[i]) for i in range(start, end)]
+
+
+def commands(numbered):
+    """Indented command lines (continuations joined) with the line they start on."""
+    out, pending = [], None
+    for n, line in numbered:
+        if not line.startswith("    ") or line.startswith("     "):
+            if pending and line.startswith("     "):
+                pending[1] += " " + line.strip()
+                if not line.rstrip().endswith("\\"):
+                    out.append(tuple(pending))
+                    pending = None
+            continue
+        text = line[4:]
+        if pending:
+            out.append(tuple(pending))
+            pending = None
+        if text.rstrip().endswith("\\"):
+            pending = [n, text]
+        else:
+            out.append((n, text))
+    if pending:
+        out.append(tuple(pending))
+    return [(n, re.sub(r"\s*\\\s+", " ", t)) for n, t in out]
+
+
+def shell_part(line):
+    """The command without its trailing `# comment`."""
+    return re.sub(r"\s+#\s.*$", "", line).strip()
+
+
+def hello_then_429(run):
+    answers = [run() for _ in range(6)]
+    codes = [status_of(a.stdout) for a in answers]
+    bodies_ok = all("hello from sluice" in a.stdout for a in answers[:5])
+    if codes != [200] * 5 + [429] or not bodies_ok:
+        return f"statuses {codes} (want 200 x5 then 429 with 'hello from sluice')"
+
+
+def proxied_healthz(run):
+    a = run()
+    if status_of(a.stdout) != 200 or "ratelimit-policy" not in a.stdout.lower():
+        return f"want 200 through route api's policies (RateLimit-Policy), got:\n{a.stdout}"
+
+
+def metrics_grep(run):
+    a = run()
+    want = 'sluice_decisions_total{decision="rejected",policy="per_ip",route="hello"} 1'
+    if want not in a.stdout:
+        return f"want the line `{want}` in:\n{a.stdout}"
+
+
+def tls_hello(run):
+    a = run()
+    if a.returncode != 0 or "hello over TLS" not in a.stdout:
+        return f"want 'hello over TLS', got rc {a.returncode}: {a.stdout}{a.stderr}"
+
+
+def redirect_308(run):
+    a = run()
+    loc = re.search(r"^location: (\S+)", a.stdout, re.I | re.M)
+    if status_of(a.stdout) != 308 or not loc or loc.group(1) != "https://api.example.com/hello?x=1":
+        return f"want 308 to https://api.example.com/hello?x=1, got:\n{a.stdout}"
+
+
+def runs_ok(run):
+    a = run()
+    if a.returncode != 0:
+        return f"exit {a.returncode}: {a.stdout}{a.stderr}"
+
+
+# Every quick-start line with what its comment promises. A line not listed here fails the
+# check: a new example comes with its test.
+QUICK_START = {
+    "make run     # builds, then serves conf/sluice.toml on 127.0.0.1:8080 (admin on :9091)": None,
+    "make test    # everything CI runs: fmt, clippy, unit + end-to-end tests, config and ops checks": None,
+    "curl -i http://127.0.0.1:8080/hello        # answered by sluice; the 6th call within 10s gets 429": hello_then_429,
+    "curl -i http://127.0.0.1:8080/healthz      # proxied upstream (the quick start's upstream is the admin listener)": proxied_healthz,
+    "curl -s http://127.0.0.1:9091/metrics | grep sluice_decisions_total": metrics_grep,
+    "mkdir -p conf/tls && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj /CN=api.example.com -addext subjectAltName=DNS:api.example.com,DNS:*.example.com -keyout conf/tls/api.key -out conf/tls/api.pem": runs_ok,
+    "target/release/sluice run --config conf/tls.toml": "serve",
+    "curl --cacert conf/tls/api.pem --resolve api.example.com:8443:127.0.0.1 https://api.example.com:8443/hello": tls_hello,
+    "curl -i -H 'Host: api.example.com' 'http://127.0.0.1:8080/hello?x=1'   # 308 to https://api.example.com/hello?x=1": redirect_308,
+}
+
+
+def quick_start(sluice, work):
+    """Runs the quick start's commands in `work`, a copy of conf/ beside target/release/sluice."""
+    shutil.copytree(os.path.join(ROOT, "conf"), os.path.join(work, "conf"))
+    os.makedirs(os.path.join(work, "target", "release"))
+    os.symlink(sluice, os.path.join(work, "target", "release", "sluice"))
+    numbered = section("README.md", "## Quick start", "## Examples")
+    live = Live(sluice, "conf/sluice.toml", work, 9091)
+    # `make run`'s sluice runs, as the README says, while the curls run "in another terminal".
+    try:
+        for n, line in commands(numbered):
+            if line.startswith("sluice ") or line.startswith("conf/"):
+                continue  # the command line's synopsis and errors: checked with exit statuses
+            where = f"README.md:{n}"
+            if line not in QUICK_START:
+                fail(where, f"a quick-start command this check does not know: {line!r}")
+                continue
+            how = QUICK_START[line]
+            if how is None:
+                continue
+            if how == "serve":
+                log = live.stop()
+                if re.search(r"\b(WARN|ERROR)\b", log):
+                    fail("README.md", f"the quick start's sluice logged a warning:\n{log}")
+                else:
+                    ok("README.md quick start: sluice started and stopped with no warning")
+                cmd = shell_part(line).split()
+                live = Live(sluice, cmd[-1], work, 8443)
+                continue
+            cmd = shell_part(line)
+            err = how(lambda: subprocess.run(["bash", "-c", cmd], cwd=work, capture_output=True, text=True))
+            if err:
+                fail(where, f"{cmd}: {err}")
+            else:
+                ok(f"{where} {cmd[:70]}")
+    finally:
+        live.stop()
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def in_own_network():
+    """Re-runs this script in a private network namespace (its own loopback), so the quick
+    start's fixed ports are free whatever else runs here; False when that is not possible."""
+    if os.environ.get("DOC_EXAMPLES_NETNS") or not shutil.which("unshare") or not shutil.which("ip"):
+        return False
+    if subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode != 0:
+        return False
+    env = dict(os.environ, DOC_EXAMPLES_NETNS="1")
+    cmd = 'ip link set lo up && exec "$@"'
+    r = subprocess.run(["unshare", "-rn", "sh", "-c", cmd, "sh", sys.executable, *sys.argv], env=env)
+    sys.exit(r.returncode)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
+    ap.add_argument("--blocks-only", action="store_true", help="skip the live sluices")
+    args = ap.parse_args()
+    sluice = os.path.abspath(args.sluice)
+    if not os.access(sluice, os.X_OK):
+        sys.exit(f"{sluice}: build it first (cargo build --release)")
+    if not args.blocks_only:
+        in_own_network()
+    with tempfile.TemporaryDirectory(prefix="sluice-doc-examples-") as tmp:
+        etc = os.path.join(tmp, "etc")
+        os.makedirs(etc)
+        make_fixtures(etc)
+        recipes = {}
+        for page in pages():
+            for b in blocks(page):
+                if b.lang == "toml":
+                    check_toml(b, sluice, etc)
+                elif b.lang == "yaml":
+                    check_yaml(b, sluice, etc)
+                elif b.lang == "sh":
+                    recipes[b.marker.split()[1]] = b
+        if not args.blocks_only:
+            live_checks(sluice, tmp, etc, recipes)
+    if FAILURES:
+        print(f"\n{len(FAILURES)} documented example(s) broken:", file=sys.stderr)
+        for f in FAILURES:
+            print(f"  {f}", file=sys.stderr)
+        sys.exit(1)
+    print("every documented example runs as written")
+
+
+def live_checks(sluice, tmp, etc, recipes):
+    work = os.path.join(tmp, "work")
+    os.makedirs(work)
+    quick_start(sluice, work)
+
+
+if __name__ == "__main__":
+    main()
