@@ -50,15 +50,18 @@ MARKER = re.compile(r"^\s*<!--\s*check:\s*(.*?)\s*-->\s*$")
 DEFAULT = re.compile(r"^<!--\s*check-default:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^( *)```(\w*)\s*$")
 FAILURES = []
+QUIET = False
 
 
 def fail(where, what):
     FAILURES.append(f"{where}: {what}")
-    print(f"FAIL {where}: {what}", flush=True)
+    if not QUIET:
+        print(f"FAIL {where}: {what}", flush=True)
 
 
 def ok(what):
-    print(f"ok   {what}", flush=True)
+    if not QUIET:
+        print(f"ok   {what}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -107,7 +110,7 @@ def blocks(path):
             i = j + 1
             continue
         mk = MARKER.match(lines[i])
-        if mk and mk.group(1).startswith("run "):
+        if mk and mk.group(1).split()[0] in ("run", "session"):
             j = i + 1
             while j < len(lines) and not lines[j].strip():
                 j += 1
@@ -160,6 +163,12 @@ def make_fixtures(d):
             sys.exit(f"making the examples' files: {c}\n{r.stderr}")
     with open(os.path.join(d, "quota.json"), "w") as f:
         f.write('{"error": "monthly quota used up"}\n')
+    make_jwt = [sys.executable, os.path.join(ROOT, "examples", "make-jwt.py"), "--dir", d]
+    subprocess.run(
+        make_jwt + ["--iss", "https://idp.example.com/", "--aud", "api", "--sub", "acme"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     with open(os.path.join(d, "ratelimit", "rl.yaml"), "w") as f:
         f.write("domain: fixture\ndescriptors:\n  - key: fixture\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
 
@@ -491,14 +500,73 @@ def in_own_network():
     sys.exit(r.returncode)
 
 
+SELF_TEST_PAGE = """# planted
+
+<!-- check: fragment -->
+```toml
+[policies.good]
+algorithm = "gcra"
+limit = 10
+period = "1s"
+key = ["client_ip"]
+```
+
+<!-- check: fragment -->
+```toml
+[policies.broken]
+algorithm = "gcra"
+limit = 0
+period = "1s"
+key = ["client_ip"]
+```
+
+<!-- check: invalid bad.toml -->
+```toml
+[server]
+listen = ["127.0.0.1:8080"]
+```
+
+    bad.toml:1:1: an error this config does not have
+
+```yaml
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: fortnight, requests_per_unit: 1}
+```
+"""
+
+
+def self_test(sluice):
+    """The checker against a planted page: one good block, three broken ones, all caught."""
+    global ROOT, QUIET
+    with tempfile.TemporaryDirectory() as tmp:
+        ROOT, QUIET = tmp, True
+        os.makedirs(os.path.join(tmp, "docs"))
+        with open(os.path.join(tmp, "README.md"), "w") as f:
+            f.write(SELF_TEST_PAGE)
+        etc = os.path.join(tmp, "etc")
+        os.makedirs(etc)
+        for b in blocks("README.md"):
+            (check_toml if b.lang == "toml" else check_yaml)(b, sluice, etc)
+    caught = sorted(f.split(":")[1] for f in FAILURES)
+    if caught != ["13", "22", "29"]:
+        sys.exit(f"self-test: want the blocks at lines 13, 22 and 29 caught, got {caught}")
+    FAILURES.clear()
+    print("self-test: ok (1 good block passed, 3 broken ones caught)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
     ap.add_argument("--blocks-only", action="store_true", help="skip the live sluices")
+    ap.add_argument("--self-test", action="store_true", help="check the checker on planted blocks")
     args = ap.parse_args()
     sluice = os.path.abspath(args.sluice)
     if not os.access(sluice, os.X_OK):
         sys.exit(f"{sluice}: build it first (cargo build --release)")
+    if args.self_test:
+        return self_test(sluice)
     if not args.blocks_only:
         in_own_network()
     with tempfile.TemporaryDirectory(prefix="sluice-doc-examples-") as tmp:
@@ -513,7 +581,7 @@ def main():
                 elif b.lang == "yaml":
                     check_yaml(b, sluice, etc)
                 elif b.lang == "sh":
-                    recipes[b.marker.split()[1]] = b
+                    recipes.setdefault(b.marker.split()[0], []).append(b)
         if not args.blocks_only:
             live_checks(sluice, tmp, etc, recipes)
     if FAILURES:
@@ -528,6 +596,269 @@ def live_checks(sluice, tmp, etc, recipes):
     work = os.path.join(tmp, "work")
     os.makedirs(work)
     quick_start(sluice, work)
+    exit_statuses(sluice, etc)
+    bin_dir = os.path.join(tmp, "bin")
+    os.makedirs(bin_dir)
+    os.symlink(sluice, os.path.join(bin_dir, "sluice"))
+    os.symlink(os.path.join(ROOT, "examples"), os.path.join(etc, "examples"))
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"])
+    runs = {b.marker.split()[1]: b for b in recipes.get("run", [])}
+    for name in ("admin-token", "mtls", "jwt"):
+        if name not in runs:
+            fail("docs", f"no `<!-- check: run {name} -->` recipe")
+            return
+    curls = {}
+    for name, b in runs.items():
+        lines = [shell_part(l) for l in joined(b.text)]
+        curls[name] = [l for l in lines if l.startswith("curl ")]
+        script = "set -e\n" + "\n".join(localise(l, etc) for l in lines if not l.startswith("curl "))
+        r = subprocess.run(["bash", "-c", script], cwd=etc, env=env, capture_output=True, text=True)
+        if r.returncode:
+            fail(b.where, f"recipe `{name}` failed:\n{r.stdout}{r.stderr}")
+            return
+    token = os.path.join(etc, "admin-token")
+    mode = os.stat(token).st_mode & 0o777
+    text = open(token).read()
+    if mode != 0o600 or not re.fullmatch(r"[A-Za-z0-9_-]{43}\n", text):
+        fail(runs["admin-token"].where, f"token file mode {mode:o}, content {text!r}")
+    else:
+        ok(f"{runs['admin-token'].where} admin token file: mode 0600, 43 base64url characters")
+    sink = KitchenSink(sluice, etc, env)
+    try:
+        for name, b in runs.items():
+            for c in curls[name]:
+                check_recipe_curl(b, name, c, sink, etc)
+        for b in recipes.get("session", []):
+            session(b, sink, env, etc)
+        check_metrics(sink)
+    finally:
+        sink.stop()
+
+
+def joined(text):
+    """Lines of a shell block with backslash continuations joined."""
+    return [l for l in re.sub(r"\\\n\s*", "", text).splitlines() if l.strip()]
+
+
+KITCHEN_SINK = """
+[server]
+listen = ["127.0.0.1:{http}"]
+tls_listen = ["127.0.0.1:{https}"]
+deny = ["192.0.2.0/24"]
+
+[tls]
+client_auth = "require"
+client_ca = "clients-ca.pem"
+
+[[certificates]]
+hosts = ["api.example.com", "*.example.com"]
+cert = "tls/api.pem"
+key = "tls/api.key"
+
+[admin]
+listen = "127.0.0.1:{admin}"
+token_file = "admin-token"
+
+[auth]
+api_key = ["header:x-api-key"]
+hide_credentials = true
+
+[[auth.jwt]]
+issuer = "https://idp.example.com/"
+audiences = ["api"]
+algorithms = ["RS256"]
+jwks_file = "jwks.json"
+plan_claim = "plan"
+
+[upstreams.self]
+servers = ["127.0.0.1:{admin}"]
+health_check = {{ interval = "1s", path = "/healthz" }}
+retries = {{ attempts = 1, on = ["connect"] }}
+
+[policies.per_ip]
+algorithm = "gcra"
+limit = 1000
+period = "1m"
+key = ["client_ip"]
+
+[policies.plans]
+algorithm = "gcra"
+limit = 100
+period = "1m"
+key = ["consumer"]
+
+[policies.metered]
+algorithm = "token_bucket"
+limit = 1000
+period = "1h"
+key = ["client_ip"]
+cost = {{ header = "x-usage-units" }}
+reserve = 10
+
+[policies.hot]
+algorithm = "gcra"
+limit = 1000
+period = "1s"
+key = []
+prefetch = {{ max = 16, hold = "250ms" }}
+
+[[routes]]
+name = "hello"
+path = "/hello"
+respond = {{ status = 200, body = "hello from the docs check\n" }}
+policies = ["per_ip"]
+
+[[routes]]
+name = "api"
+path_prefix = "/v1/"
+respond = {{ status = 200 }}
+auth = "required"
+policies = ["plans"]
+
+[[routes]]
+name = "metered"
+path_prefix = "/metrics"
+upstream = "self"
+policies = ["metered", "hot"]
+"""
+
+
+class KitchenSink:
+    """One sluice with TLS and client certificates, JWTs, API keys and an admin token, made
+    from the recipes' files: the recipes' curls and the admin sessions run against it."""
+
+    def __init__(self, sluice, etc, env):
+        self.http, self.https, self.admin = free_port(), free_port(), free_port()
+        self.config = os.path.join(etc, "kitchen-sink.toml")
+        with open(self.config, "w") as f:
+            f.write(KITCHEN_SINK.format(http=self.http, https=self.https, admin=self.admin))
+        self.live = Live(sluice, self.config, etc, self.admin, env=env)
+        wait_port(self.http, self.live.proc, self.live.log)
+
+    def ports(self, text):
+        return (
+            text.replace("127.0.0.1:8080", f"127.0.0.1:{self.http}")
+            .replace("127.0.0.1:9091", f"127.0.0.1:{self.admin}")
+            .replace(":8443", f":{self.https}")
+        )
+
+    def stop(self):
+        self.live.stop()
+
+
+def check_recipe_curl(b, name, line, sink, etc):
+    cmd = sink.ports(localise(line, etc))
+    r = subprocess.run(["bash", "-c", cmd + " -s -o /dev/null -w '%{http_code}'"], cwd=etc, capture_output=True, text=True)
+    if r.stdout != "200":
+        return fail(b.where, f"{cmd}: want 200, got {r.stdout!r} (rc {r.returncode}) {r.stderr}")
+    # ... and the same call without what the recipe made is refused.
+    worse = {
+        "mtls": cmd.replace("--cert client.pem --key client.key ", ""),
+        "jwt": cmd.replace("$(cat token)", "$(cat token)x"),
+        "admin-token": cmd.replace("$(cat " + etc + "/admin-token)", "wrong"),
+    }[name]
+    r2 = subprocess.run(["bash", "-c", worse + " -s -o /dev/null -w '%{http_code}'"], cwd=etc, capture_output=True, text=True)
+    if r2.stdout == "200" or worse == cmd:
+        return fail(b.where, f"without the recipe's credential the call still passes: {worse}")
+    ok(f"{b.where} recipe `{name}`: 200 with it, {r2.stdout or 'rc ' + str(r2.returncode)} without")
+
+
+# Values an admin answer makes up: a key's id and the key itself.
+RANDOM = re.compile(r"\b(sk_[A-Za-z0-9_-]{43}|[0-9a-f]{16})\b")
+
+
+def session(b, sink, env, etc):
+    """A shell session (`$ ` commands, then what they print) run against the kitchen sink:
+    each command must print what the page shows, up to the random ids and keys, which later
+    commands then use."""
+    steps, cur = [], None
+    for line in b.text.splitlines():
+        if line.startswith("$ "):
+            cur = [line[2:], []]
+            steps.append(cur)
+        elif cur is not None:
+            cur[1].append(line)
+    if not steps:
+        return fail(b.where, "a session without `$ ` commands")
+    seen = {}
+    for cmd, shown in steps:
+        run = cmd.replace("/etc/sluice/sluice.toml", sink.config)
+        run = run.replace("https://api.example.com/", f"http://127.0.0.1:{sink.http}/")
+        for doc_value, real in seen.items():
+            run = run.replace(doc_value, real)
+        r = subprocess.run(["bash", "-c", run], cwd=etc, env=env, capture_output=True, text=True)
+        got = r.stdout.rstrip("\n").split("\n") if r.stdout.strip() else []
+        want = [l for l in shown if l.strip()]
+        masked = lambda ls: [RANDOM.sub("RANDOM", l) for l in ls]
+        if r.returncode or masked(got) != masked(want):
+            return fail(b.where, f"$ {cmd}\n  exit {r.returncode}, printed:\n{r.stdout}{r.stderr}  the page shows:\n" + "\n".join(want))
+        for w, g in zip(want, got):
+            for dv, rv in zip(RANDOM.findall(w), RANDOM.findall(g)):
+                seen[dv] = rv
+    ok(f"{b.where} session: {len(steps)} commands print what the page shows")
+
+
+def exit_statuses(sluice, etc):
+    """The exit statuses docs/operations.md lists."""
+    where = "docs/operations.md"
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    config = os.path.join(etc, "port-in-use.toml")
+    with open(config, "w") as f:
+        f.write(
+            f'[server]\nlisten = ["127.0.0.1:{port}"]\n[admin]\nlisten = "127.0.0.1:{free_port()}"\n'
+            '[[routes]]\nname = "r"\npath_prefix = "/"\nrespond = { status = 200 }\n'
+        )
+    cases = [
+        ("`run` with its port in use", [sluice, "run", "--config", config], 1),
+        ("`admin` without a token_file", [sluice, "admin", "policies", "--config", config], 1),
+        ("`admin token` over an existing file", [sluice, "admin", "token", config], 1),
+        ("`check` of a valid config", [sluice, "check", "--config", config], 0),
+        ("`--version`", [sluice, "--version"], 0),
+        ("a wrong command line", [sluice, "chek"], 2),
+    ]
+    for what, cmd, want in cases:
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+            rc = r.returncode
+        except subprocess.TimeoutExpired:
+            rc = "none (still running after 20 s)"
+        if rc != want:
+            fail(where, f"{what}: exit {rc}, documented {want}")
+        else:
+            ok(f"{where} exit {want}: {what}")
+    busy.close()
+
+
+def documented_metrics():
+    numbered = section("docs/responses-and-metrics.md", "## Metrics", "### Counting rules")
+    names = set()
+    for _, line in numbered:
+        if line.startswith("| `"):
+            names.update(re.findall(r"`((?:sluice|process)_[a-z0-9_]+)`", line.split("|")[1]))
+    return names
+
+
+def check_metrics(sink):
+    """Every metric /metrics has, and every one the code registers, is in the doc's table,
+    and the table names no other."""
+    where = "docs/responses-and-metrics.md"
+    for path in ("/hello", "/metrics", "/metrics", "/v1/x"):
+        curl(f"-s -o /dev/null http://127.0.0.1:{sink.http}{path}")
+    documented = documented_metrics()
+    scraped = set(re.findall(r"^# TYPE (\S+) ", scrape(sink.admin), re.M))
+    source = set()
+    for f in glob.glob(os.path.join(ROOT, "src", "**", "*.rs"), recursive=True):
+        source.update(re.findall(r'"((?:sluice|process)_[a-z0-9_]+)"', open(f).read()))
+    for name in sorted(scraped - documented):
+        fail(where, f"/metrics has `{name}`, the table does not list it")
+    for name in sorted(source - documented):
+        fail(where, f"src/ registers `{name}`, the table does not list it")
+    for name in sorted(documented - scraped - source):
+        fail(where, f"the table lists `{name}`, which sluice does not export")
+    ok(f"{where}: the table lists the {len(scraped)} families a live /metrics has and the {len(source)} src/ names")
 
 
 if __name__ == "__main__":
