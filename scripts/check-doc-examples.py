@@ -174,7 +174,8 @@ def make_fixtures(d):
 
 
 def localise(text, etc):
-    return text.replace("/etc/sluice/", etc + "/")
+    """/etc/sluice, as a directory or a path under it, read as the throw-away `etc`."""
+    return re.sub(r"/etc/sluice(?=/|\s|$|\))", etc, text)
 
 
 # ---------------------------------------------------------------------------------------
@@ -431,10 +432,16 @@ def runs_ok(run):
         return f"exit {a.returncode}: {a.stdout}{a.stderr}"
 
 
+def make_run_serves_the_quick_start(run):
+    makefile = open(os.path.join(ROOT, "Makefile")).read()
+    if "run: build\n\t$(SLUICE) run --config conf/sluice.toml\n" not in makefile:
+        return "the Makefile's `run` no longer serves conf/sluice.toml, which this check runs"
+
+
 # Every quick-start line with what its comment promises. A line not listed here fails the
 # check: a new example comes with its test.
 QUICK_START = {
-    "make run     # builds, then serves conf/sluice.toml on 127.0.0.1:8080 (admin on :9091)": None,
+    "make run     # builds, then serves conf/sluice.toml on 127.0.0.1:8080 (admin on :9091)": make_run_serves_the_quick_start,
     "make test    # everything CI runs: fmt, clippy, unit + end-to-end tests, config and ops checks": None,
     "curl -i http://127.0.0.1:8080/hello        # answered by sluice; the 6th call within 10s gets 429": hello_then_429,
     "curl -i http://127.0.0.1:8080/healthz      # proxied upstream (the quick start's upstream is the admin listener)": proxied_healthz,
@@ -570,6 +577,8 @@ def main():
     if not args.blocks_only:
         in_own_network()
     with tempfile.TemporaryDirectory(prefix="sluice-doc-examples-") as tmp:
+        if os.environ.get("DOC_EXAMPLES_KEEP"):
+            tmp = tempfile.mkdtemp(prefix="sluice-doc-examples-kept-")
         etc = os.path.join(tmp, "etc")
         os.makedirs(etc)
         make_fixtures(etc)
@@ -612,6 +621,9 @@ def live_checks(sluice, tmp, etc, recipes):
         lines = [shell_part(l) for l in joined(b.text)]
         curls[name] = [l for l in lines if l.startswith("curl ")]
         script = "set -e\n" + "\n".join(localise(l, etc) for l in lines if not l.startswith("curl "))
+        if re.search(r"(^|\s)/(etc|usr|var|root|home)/", script):
+            fail(b.where, f"recipe `{name}` would write outside its throw-away directory:\n{script}")
+            return
         r = subprocess.run(["bash", "-c", script], cwd=etc, env=env, capture_output=True, text=True)
         if r.returncode:
             fail(b.where, f"recipe `{name}` failed:\n{r.stdout}{r.stderr}")
@@ -705,7 +717,7 @@ prefetch = {{ max = 16, hold = "250ms" }}
 [[routes]]
 name = "hello"
 path = "/hello"
-respond = {{ status = 200, body = "hello from the docs check\n" }}
+respond = {{ status = 200, body = "hello from the docs check" }}
 policies = ["per_ip"]
 
 [[routes]]
@@ -750,7 +762,8 @@ def check_recipe_curl(b, name, line, sink, etc):
     cmd = sink.ports(localise(line, etc))
     r = subprocess.run(["bash", "-c", cmd + " -s -o /dev/null -w '%{http_code}'"], cwd=etc, capture_output=True, text=True)
     if r.stdout != "200":
-        return fail(b.where, f"{cmd}: want 200, got {r.stdout!r} (rc {r.returncode}) {r.stderr}")
+        full = subprocess.run(["bash", "-c", cmd + " -si"], cwd=etc, capture_output=True, text=True)
+        return fail(b.where, f"{cmd}: want 200, got:\n{full.stdout}{full.stderr}")
     # ... and the same call without what the recipe made is refused.
     worse = {
         "mtls": cmd.replace("--cert client.pem --key client.key ", ""),
@@ -764,7 +777,7 @@ def check_recipe_curl(b, name, line, sink, etc):
 
 
 # Values an admin answer makes up: a key's id and the key itself.
-RANDOM = re.compile(r"\b(sk_[A-Za-z0-9_-]{43}|[0-9a-f]{16})\b")
+RANDOM = re.compile(r"(?<![\w-])(sk_[\w-]{43}|[0-9a-f]{16})(?![\w-])")
 
 
 def session(b, sink, env, etc):
@@ -796,6 +809,11 @@ def session(b, sink, env, etc):
             for dv, rv in zip(RANDOM.findall(w), RANDOM.findall(g)):
                 seen[dv] = rv
     ok(f"{b.where} session: {len(steps)} commands print what the page shows")
+    # The next session starts with no runtime consumers.
+    listed = subprocess.run(["sluice", "admin", "consumers", "--config", sink.config], env=env, capture_output=True, text=True)
+    for c in json.loads(listed.stdout or "[]"):
+        if c.get("source") == "runtime":
+            subprocess.run(["sluice", "admin", "consumer", c["name"], "--delete", "--config", sink.config], env=env, capture_output=True)
 
 
 def exit_statuses(sluice, etc):
@@ -817,6 +835,7 @@ def exit_statuses(sluice, etc):
         ("`admin token` over an existing file", [sluice, "admin", "token", config], 1),
         ("`check` of a valid config", [sluice, "check", "--config", config], 0),
         ("`--version`", [sluice, "--version"], 0),
+        ("`--help`", [sluice, "--help"], 0),
         ("a wrong command line", [sluice, "chek"], 2),
     ]
     for what, cmd, want in cases:
