@@ -20,7 +20,10 @@ fn main() -> ExitCode {
     {
         return match sluice::cli::admin::write_token(file) {
             Ok(()) => {
-                println!("{}: a new admin token, readable by its owner only", file.display());
+                println!(
+                    "{}: a new admin token, readable by its owner only",
+                    file.display()
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -53,7 +53,13 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
     });
     io.spawn(start_upstreams_when_listening(
         app.current.load_full(),
-        config.server.listen.iter().chain([&config.admin.listen]).copied().collect(),
+        config
+            .server
+            .listen
+            .iter()
+            .chain([&config.admin.listen])
+            .copied()
+            .collect(),
     ));
     let mut hangups = io.block_on(async { signal(SignalKind::hangup()) })?;
     let reloader = app.clone();

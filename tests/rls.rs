@@ -178,13 +178,18 @@ struct DocsEnvoy {
 /// `text` with `from` replaced by `to`, which must be there: a page that no longer says
 /// `from` fails here rather than running something else.
 fn edit(text: &str, from: &str, to: &str) -> String {
-    assert!(text.contains(from), "docs/rls.md's Envoy config has no {from:?}:\n{text}");
+    assert!(
+        text.contains(from),
+        "docs/rls.md's Envoy config has no {from:?}:\n{text}"
+    );
     text.replacen(from, to, 1)
 }
 
 fn docs_envoy() -> DocsEnvoy {
     let block = docs_block("<!-- check: envoy -->");
-    let (filters, cluster) = block.split_once("clusters:\n").expect("a clusters: section");
+    let (filters, cluster) = block
+        .split_once("clusters:\n")
+        .expect("a clusters: section");
     let route_actions = filters
         .lines()
         .find_map(|l| l.strip_prefix("#   - actions: "))
@@ -198,9 +203,7 @@ fn docs_envoy() -> DocsEnvoy {
 }
 
 fn indent(text: &str, by: usize) -> String {
-    text.lines()
-        .map(|l| format!("{:by$}{l}\n", ""))
-        .collect()
+    text.lines().map(|l| format!("{:by$}{l}\n", "")).collect()
 }
 
 impl Envoy {
@@ -224,7 +227,13 @@ impl Envoy {
     fn as_documented(upstream: SocketAddr, rls: SocketAddr) -> Envoy {
         let docs = docs_envoy();
         let actions = [docs.route_actions.as_str()];
-        Envoy::launch(upstream, &[rls], &[("/", &actions)], &docs.filters, &docs.cluster)
+        Envoy::launch(
+            upstream,
+            &[rls],
+            &[("/", &actions)],
+            &docs.filters,
+            &docs.cluster,
+        )
     }
 
     fn launch(
@@ -645,7 +654,10 @@ fn rl(entries: &[(&str, &str)]) -> Request {
 #[test]
 fn envoy_runs_the_documented_config_and_rules() {
     let upstream = EchoUpstream::start();
-    let s = start_sluice_with("backend = \"memory\"", &[("example.yaml", &upstream_example())]);
+    let s = start_sluice_with(
+        "backend = \"memory\"",
+        &[("example.yaml", &upstream_example())],
+    );
     let envoy = Envoy::as_documented(upstream.addr, s.rls);
     // A call that takes longer than the page's 50 ms passes uncounted by Envoy (sluice counts
     // it): on a loaded machine the first 429 may come later than the third request.
@@ -658,7 +670,9 @@ fn envoy_runs_the_documented_config_and_rules() {
     let refused = refused.unwrap_or_else(|| panic!("no 429 in {statuses:?}: {}", envoy.log()));
     assert!(statuses.len() >= 3, "{statuses:?}");
     assert!(
-        refused.header("x-ratelimit-limit").is_some_and(|l| l.starts_with("2")),
+        refused
+            .header("x-ratelimit-limit")
+            .is_some_and(|l| l.starts_with("2")),
         "DRAFT_VERSION_03 headers: {:?}",
         refused.header("x-ratelimit-limit")
     );
