@@ -236,7 +236,13 @@ def check_toml(b, sluice, etc):
         f.write(text)
     rc, out = check(sluice, path, etc)
     if rc != 0:
-        return fail(b.where, f"`sluice check` exit {rc} (the file's lines are the block's):\n{out}")
+        # Errors at the page's own lines (the block's first line follows the fence).
+        out = re.sub(
+            re.escape(path) + r":(\d+):",
+            lambda m: f"{b.path}:{b.line + int(m.group(1))}:",
+            out,
+        )
+        return fail(b.where, f"`sluice check` exit {rc}:\n{out}")
     ok(f"{b.where} toml{' fragment' if kind else ''} passes check")
 
 
