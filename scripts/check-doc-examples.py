@@ -42,8 +42,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 import urllib.request
+
+try:
+    import tomllib
+except ModuleNotFoundError:
+    sys.exit("check-doc-examples.py needs Python 3.11 or later (tomllib)")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"^\s*<!--\s*check:\s*(.*?)\s*-->\s*$")

@@ -22,6 +22,9 @@ pub struct Answer {
 
 /// Makes `call` against the admin listener of `admin`.
 pub fn call(admin: &Admin, call: &AdminCall) -> Result<Answer, String> {
+    if let AdminCall::Token { .. } = call {
+        return Err("`admin token` writes a file (`write_token`) and calls nothing".into());
+    }
     let token = admin
         .token
         .as_ref()
@@ -138,8 +141,8 @@ fn request(call: &AdminCall) -> (&'static str, String, String) {
             ),
             String::new(),
         ),
-        // Written by `write_token`, never sent: main.rs handles it before the config is read.
-        AdminCall::Token { .. } => ("GET", "/v1/policies".to_owned(), String::new()),
+        // Never sent: `call` refuses it, and main.rs writes the file before reading a config.
+        AdminCall::Token { .. } => ("GET", String::new(), String::new()),
         AdminCall::Top { policy, n } => (
             "GET",
             format!(
