@@ -2,37 +2,40 @@
 """Docs as tests: every example of README.md and docs/*.md runs as written.
 
     python3 scripts/check-doc-examples.py [--sluice target/release/sluice]
+    python3 scripts/check-doc-examples.py --blocks-only   # TOML and YAML blocks only
+    python3 scripts/check-doc-examples.py --self-test     # planted broken blocks are caught
 
 - Every ```toml block passes `sluice check`. The HTML comment on the line before a block
-  says what it is (no comment: a complete config):
-    <!-- check: fragment -->         checked inside a minimal config: the upstreams and
-                                      policies its routes name but it does not define, and a
-                                      route when it has none, are added after it;
+  says what it is (no comment: a complete config; `<!-- check-default: fragment -->` makes
+  fragments the default for the rest of a page):
+    <!-- check: fragment -->         checked inside a minimal config: a [server], the
+                                      upstreams and policies its routes name but it does not
+                                      define, and a route when it has none, are added after it;
     <!-- check: invalid FILE -->      must fail, and `sluice check --config FILE` must print
                                       exactly the `FILE:LINE:COL: ...` lines the page shows.
 - Every ```yaml block is an envoyproxy/ratelimit file that passes `sluice check` under
   `[rls] config`, unless marked `<!-- check: fragment -->` (descriptors: checked inside a
   domain), `<!-- check: envoy -->` (the Envoy config tests/rls.rs runs through a real Envoy)
   or `<!-- check: skip REASON -->`.
-- Paths under /etc/sluice/ are read from a throw-away directory holding what the examples
-  name: a certificate and key for api.example.com (tls/api.pem, tls/api.key), an upstream CA
-  and client certificate (internal-ca.pem, to-api.pem, to-api.key), quota.json, ratelimit/.
+- /etc/sluice is a throw-away directory holding what the examples name: a certificate and
+  key for api.example.com (tls/api.pem, tls/api.key), an upstream CA and client certificate
+  (internal-ca.pem, to-api.pem, to-api.key), quota.json, ratelimit/, jwks.json.
 - Shell recipes marked `<!-- check: run NAME -->` (the indented code block after the
-  comment) run in that directory, and their results are used: `admin-token` (the admin
-  token file), `jwt` (examples/make-jwt.py's key set and token), `mtls` (a client
-  certificate), each then presented to a live sluice.
+  comment) run in that directory: `admin-token`, `mtls` and `jwt`; then each of their curl
+  lines must get 200 from a live sluice configured with what they made, and be refused
+  without it. A `<!-- check: session NAME -->` block (`$ command`, then its output) must
+  print what the page shows, up to the random ids and keys it makes.
 - The README's quick start runs against a live `sluice run --config conf/sluice.toml` (in
   a private network namespace when `unshare -rn` works, so its fixed ports are free): every
-  `curl` and `sluice` line must be one this script knows, and gets the answer its comment
-  gives. The documented exit statuses, the `sluice admin` outputs and the list of metrics of
-  docs/responses-and-metrics.md are checked against live sluices too.
+  command line must be one `QUICK_START` knows, and gets the answer its comment gives. The
+  documented exit statuses and the metric table of docs/responses-and-metrics.md (against
+  a live /metrics and src/) are checked too.
 
-Exit 1 with FILE:LINE: what failed. Standard library, openssl and curl.
+Exit 1 with FILE:LINE: what failed. Python 3.11's standard library, openssl and curl.
 """
 
 import argparse
 import glob
-import hashlib
 import json
 import os
 import re
@@ -275,8 +278,15 @@ def check_invalid(b, sluice, etc, name):
 
 def check_yaml(b, sluice, etc):
     kind = (b.marker or "").split()
-    if kind[:1] in (["skip"], ["envoy"]):
-        if kind[0] == "skip" and len(kind) < 2:
+    if kind[:1] == ["envoy"]:
+        rls = open(os.path.join(ROOT, "tests", "rls.rs"), encoding="utf-8").read()
+        if b.path != "docs/rls.md" or 'docs_block("<!-- check: envoy -->")' not in rls:
+            fail(b.where, "tests/rls.rs runs only docs/rls.md's `check: envoy` block")
+        else:
+            ok(f"{b.where} Envoy config: run through Envoy by tests/rls.rs")
+        return
+    if kind[:1] == ["skip"]:
+        if len(kind) < 2:
             fail(b.where, "`check: skip` needs a reason")
         return
     text = b.text
