@@ -142,12 +142,6 @@ def pages():
 # Throw-away files the examples name
 
 
-def sh(cmd, cwd, env=None, timeout=60):
-    return subprocess.run(
-        cmd, cwd=cwd, shell=True, capture_output=True, text=True, env=env, timeout=timeout
-    )
-
-
 def make_fixtures(d):
     """What the examples read, under d (which stands for /etc/sluice/)."""
     os.makedirs(os.path.join(d, "tls"), exist_ok=True)
@@ -177,7 +171,10 @@ def make_fixtures(d):
         stdout=subprocess.DEVNULL,
     )
     with open(os.path.join(d, "ratelimit", "rl.yaml"), "w") as f:
-        f.write("domain: fixture\ndescriptors:\n  - key: fixture\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+        f.write(
+            "domain: fixture\ndescriptors:\n"
+            "  - key: fixture\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+        )
 
 
 def localise(text, etc):
@@ -780,7 +777,10 @@ class KitchenSink:
 
 def check_recipe_curl(b, name, line, sink, etc):
     cmd = sink.ports(localise(line, etc))
-    r = subprocess.run(["bash", "-c", cmd + " -s -o /dev/null -w '%{http_code}'"], cwd=etc, capture_output=True, text=True)
+    code = lambda c: subprocess.run(
+        ["bash", "-c", c + " -s -o /dev/null -w '%{http_code}'"], cwd=etc, capture_output=True, text=True
+    )
+    r = code(cmd)
     if r.stdout != "200":
         full = subprocess.run(["bash", "-c", cmd + " -si"], cwd=etc, capture_output=True, text=True)
         return fail(b.where, f"{cmd}: want 200, got:\n{full.stdout}{full.stderr}")
@@ -790,7 +790,7 @@ def check_recipe_curl(b, name, line, sink, etc):
         "jwt": cmd.replace("$(cat token)", "$(cat token)x"),
         "admin-token": cmd.replace("$(cat " + etc + "/admin-token)", "wrong"),
     }[name]
-    r2 = subprocess.run(["bash", "-c", worse + " -s -o /dev/null -w '%{http_code}'"], cwd=etc, capture_output=True, text=True)
+    r2 = code(worse)
     if r2.stdout == "200" or worse == cmd:
         return fail(b.where, f"without the recipe's credential the call still passes: {worse}")
     ok(f"{b.where} recipe `{name}`: 200 with it, {r2.stdout or 'rc ' + str(r2.returncode)} without")
