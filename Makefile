@@ -23,7 +23,7 @@ PREFIX   ?= /usr
 DESTDIR  ?=
 CONFIGS  := $(wildcard conf/*.toml)
 
-.PHONY: all deps container-test build dist dist-pgo run test lint layers docs unit check-configs ops prometheus console-screenshots bench soak install clean
+.PHONY: all deps container-test build dist dist-pgo run test lint layers docs unit check-configs doc-examples ops prometheus console-screenshots bench soak install clean
 
 all: build
 
@@ -96,6 +96,12 @@ check-configs: build
 	    -keyout "$$d/tls/api.key" -out "$$d/tls/api.pem" 2>/dev/null && \
 	  $(SLUICE) check --config "$$d/tls.toml"
 
+# Every documented example runs as written: TOML and ratelimit YAML blocks pass `check`, the
+# README's quick start, the recipes and the metric list against live sluices (about 15 s).
+doc-examples: build
+	python3 scripts/check-doc-examples.py --self-test --sluice $(SLUICE)
+	python3 scripts/check-doc-examples.py --sluice $(SLUICE)
+
 ops: build
 	scripts/check-ops.sh $(SLUICE)
 
@@ -104,7 +110,7 @@ ops: build
 prometheus: build
 	scripts/check-prometheus.sh $(SLUICE)
 
-test: deps lint docs unit check-configs ops prometheus
+test: deps lint docs unit check-configs doc-examples ops prometheus
 
 # The image built from the Dockerfile with podman, on base images made from Debian's packages
 # (no registry is needed), started and checked from outside: /hello and its 429, /metrics, the
