@@ -1537,6 +1537,36 @@ async fn a_raised_limit_admits_exactly_the_difference_at_once() {
     }
 }
 
+/// A longer period keeps a window's count: the minute's 3 count in the hour that holds
+/// it, on both backends alike (#43 item 2).
+#[tokio::test]
+async fn a_longer_period_keeps_a_windows_count() {
+    let server = RedisServer::start();
+    let twin = Twin::new(connect(config::Backend::Redis(server.url()), ClockSource::Local).await);
+    let mut clock = TestClock::new();
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let (minute, hour) = (
+            rule(algorithm, 3, 60_000, 3),
+            rule(algorithm, 5, 3_600_000, 5),
+        );
+        let k = key("longer", "p", &minute);
+        let now = clock.now();
+        let mut passed = Vec::new();
+        for (r, n) in [(minute, 4), (hour, 4)] {
+            let mut admitted = 0;
+            for i in 0..n {
+                let c = check(&k, r, 1, true, 0);
+                let ctx = || format!("{r:?} request {i}");
+                if twin.decide(&[c], now, &ctx).await[0].allowed {
+                    admitted += 1;
+                }
+            }
+            passed.push(admitted);
+        }
+        assert_eq!(passed, [3, 2], "{algorithm:?}");
+    }
+}
+
 /// Bans: a key its policy rejects is rejected for `ban` without asking the algorithm (the
 /// window may turn meanwhile), with the ban's rest as retry-after, then passes again; on
 /// both backends alike, alone or in batches with shadow checks (which ban nobody).

@@ -331,6 +331,20 @@ fn sliding_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (V
             curr,
         }) if *s == start => (*prev, *curr),
         Some(State::Sliding { start: s, curr, .. }) if *s + rule.period_ms == start => (*curr, 0),
+        // A window of another period (a new one came in) began inside this window or the
+        // one before: all its units count in that one.
+        Some(State::Sliding {
+            start: s,
+            prev,
+            curr,
+        }) if *s + rule.period_ms > start && *s < start + rule.period_ms => {
+            let units = add_units(*prev, *curr);
+            if *s > start {
+                (0, units)
+            } else {
+                (units, 0)
+            }
+        }
         _ => (0, 0),
     };
     let elapsed = (now - start) as u128;
@@ -1030,17 +1044,13 @@ mod tests {
             Algorithm::Gcra,
             Algorithm::LeakyBucket,
         ];
-        // (before, after): raised, lowered below the units used, a longer period (a
-        // sliding_window's weights are of its own windows).
+        // (before, after): raised, lowered below the units used, a longer period.
         let changes = [
             ((3, 60_000, 3), (5_000, 60_000, 5_000)),
             ((10, 60_000, 10), (2, 60_000, 2)),
+            ((3, 60_000, 3), (5_000, 3_600_000, 5_000)),
         ];
         for algorithm in algorithms {
-            let mut changes = changes.to_vec();
-            if algorithm != Algorithm::SlidingWindow {
-                changes.push(((3, 60_000, 3), (5_000, 3_600_000, 5_000)));
-            }
             for ((l0, p0, b0), (l1, p1, b1)) in changes {
                 let old = rule(algorithm, l0, p0, b0);
                 let new = rule(algorithm, l1, p1, b1);
