@@ -40,8 +40,8 @@
 -- double while it stays below 2^53 (validated config keeps limit × period and burst ×
 -- period below that). Costs are at most 2^53 (DESIGN section 17), and what a key holds
 -- saturates there, as in src/limiter/algorithm.rs: a count of units stops at 2^53 (more
--- than any limit), a bucket's deficit (capacity − tokens × period) and a tat's lead
--- ((tat − now) × limit) too, and a reply's ms never exceed it; so no stored or replied
+-- than any limit), a bucket's units in use × period (a tat's lead, (tat − now) ×
+-- limit) too, and a reply's ms never exceed it; so no stored or replied
 -- number leaves the exact range, and none overflows the integer Redis makes of it. A sum
 -- of two values below 2^53 may round, but never below 2^53 when it is above, so a
 -- comparison with a number below 2^53 stays right; near 2^53 a check compares
@@ -65,7 +65,10 @@
 -- give, at one read and one SET per key and call.
 --
 -- Stored state keeps the text layout of earlier versions ("a:b" strings, the sorted sets),
--- so instances of both versions can share one Redis during a rolling upgrade.
+-- so instances of both versions can share one Redis during a rolling upgrade. The one
+-- exception is versioned in the key instead: token_bucket, gcra and leaky_bucket keep the
+-- units in use ("used:last:period", keys ending in ".v2"), which an override's new
+-- numbers do not change; older instances keep their own keys for at most a period.
 
 -- The call's string state, by key. `state[key]` is the text Redis holds (false: absent)
 -- while this call has not written the key; once it has, the key's TTL in ms or 0

@@ -45,7 +45,9 @@ local function fixed_window(key, at, now, op, cost, x, y)
     else
       local limit = argv[at + 2] + 0
       start, count = first or now - now % p, 0
-      if stored == start then count = stored_count end
+      -- The stored window began inside this one: this window, or (after a longer period
+      -- came in) a part of it, whose units it keeps.
+      if stored and stored >= start and stored < start + p then count = stored_count end
       reset = start + p - now
       allowed = op == 'charge' or cost == 0 or cost <= limit - count
       -- delay: denied, the wait until the next window.

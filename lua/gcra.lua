@@ -1,59 +1,67 @@
--- gcra: the generic cell rate algorithm, one stored value, the theoretical arrival time
--- (tat). With T = period/limit: allows when max(tat, now) + cost·T − now <= burst·T.
--- Same contract as token_bucket, including on_exceed = "delay" up to max_delay.
--- T is kept exact as a fraction of denominator `limit`: tat = ms + frac/limit. The lead
--- (tat − now) × limit saturates at 2^53, and so does a reply's delay.
+-- gcra: the generic cell rate algorithm. With T = period/limit: allows when
+-- max(tat, now) + cost·T − now <= burst·T. Same contract as token_bucket, including
+-- on_exceed = "delay" up to max_delay, and the same stored state: the units in use ×
+-- period at `last`, draining `limit` a millisecond, so tat = last + used·period/limit and
+-- the lead (tat − now) × limit is the units in use × period now. Units, not a time, so an
+-- override or reload that changes limit, burst or period keeps the units used (a new
+-- period rescales them, a part of a unit rounded up). The lead saturates at 2^53, and so
+-- does a reply's delay.
 --
 -- The same function is leaky_bucket (leaky_bucket.lua): for a check whose algorithm is
 -- "leaky_bucket" it shapes instead, allowing while the queue's wait fits in burst·T.
 --
--- KEYS:   the check's key, a string "<tat ms>:<frac>" (0 <= frac < limit), TTL = until
+-- KEYS:   the check's key, a string "<used × period>:<last ms>:<period>", TTL = until
 --         tat (rounded up).
 -- ARGV:   the check's limit, period, burst, max_delay ("": reject).
--- Calls:  as common.lua describes; the state for 'store' is the new tat (ms, frac);
---         'refund' moves tat back by cost·T.
-local function gcra(key, at, now, op, cost, ms, frac)
+-- Calls:  as common.lua describes; the state for 'store' is the new (used × period,
+--         last); 'refund' moves tat back by cost·T.
+local function gcra(key, at, now, op, cost, ahead, last)
   local argv = ARGV
   local allowed, remaining, reset, delay
+  local limit, p = argv[at + 2] + 0, argv[at + 3] + 0
   if op ~= 'store' then
-    local limit, p = argv[at + 2] + 0, argv[at + 3] + 0
     -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
-    local text, tat, tat_frac = state[key]
+    local text, scaled, period = state[key]
     if text == nil then
       text = redis.call('GET', key)
       state[key] = text
     else
-      tat = n1[key]
-      if tat ~= nil then
-        text, tat_frac = nil, n2[key]
+      scaled = n1[key]
+      if scaled ~= nil then
+        text, last, period = nil, n2[key], n3[key]
       elseif text == 0 then
         text = nil
       end
     end
     if text then
-      local colon = string.find(text, ':', 1, true)
-      tat, tat_frac = string.sub(text, 1, colon - 1) + 0, string.sub(text, colon + 1) + 0
+      local c1 = string.find(text, ':', 1, true)
+      local c2 = string.find(text, ':', c1 + 1, true)
+      scaled, last, period = string.sub(text, 1, c1 - 1) + 0,
+        string.sub(text, c1 + 1, c2 - 1) + 0, string.sub(text, c2 + 1) + 0
+    end
+    if scaled and period ~= p then
+      -- A new period: the same units, a part of one rounded up.
+      scaled = (scaled + (-scaled) % period) / period * p
+      if scaled > 9007199254740992 then scaled = 9007199254740992 end
     end
     if op == 'refund' then
-      if not tat then return end
-      local back = cost * p
-      local back_frac = back % limit
-      ms = tat - (back - back_frac) / limit
-      frac = tat_frac - back_frac
-      if frac < 0 then ms, frac = ms - 1, frac + limit end
+      if not scaled then return end
+      ahead = scaled - cost * p
+      if ahead < 0 then ahead = 0 end
     else
       local shaping = argv[at + 1] == 'leaky_bucket'
       local tolerance = argv[at + 4] * p
-      -- ahead = (tat − now) × limit, or 0 when tat is in the past.
-      local ahead = 0
-      if tat then
-        ahead = tat - now
-        if ahead < 0 then
-          ahead = 0
-        else
-          ahead = ahead * limit + tat_frac
-          if ahead > 9007199254740992 then ahead = 9007199254740992 end
-        end
+      -- ahead = (tat − now) × limit: drained since `last`, or 0 when tat is in the past;
+      -- a clock that went back drains nothing.
+      ahead = 0
+      if not scaled then
+        last = now
+      elseif now > last then
+        ahead = scaled - (now - last) * limit
+        if ahead < 0 then ahead = 0 end
+        last = now
+      else
+        ahead = scaled
       end
       local new_ahead = ahead + cost * p
       -- delay: allowed, the wait before it may pass; denied, how long until it would
@@ -88,33 +96,30 @@ local function gcra(key, at, now, op, cost, ms, frac)
       if op == 'charge' then allowed = true end
       if new_ahead > 9007199254740992 then new_ahead = 9007199254740992 end
       if delay > 9007199254740992 then delay = 9007199254740992 end
-      local after = ahead
-      if allowed then after = new_ahead end
+      if allowed then ahead = new_ahead end
       if shaping then
         -- Requests that could still join the queue now.
         remaining = 0
-        if after <= tolerance then
-          remaining = tolerance - after
+        if ahead <= tolerance then
+          remaining = tolerance - ahead
           remaining = (remaining - remaining % p) / p + 1
         end
       else
-        remaining = tolerance - after
+        remaining = tolerance - ahead
         if remaining < 0 then remaining = 0 end
         remaining = (remaining - remaining % p) / p
       end
-      reset = (after + (-after) % limit) / limit
-      frac = new_ahead % limit
-      ms = now + (new_ahead - frac) / limit
+      reset = (ahead + (-ahead) % limit) / limit
       if op == 'peek' or not allowed then
-        return allowed, remaining, reset, delay, ms, frac
+        return allowed, remaining, reset, delay, ahead, last
       end
     end
   end
-  local ttl = ms - now
-  if frac > 0 then ttl = ttl + 1 end
-  -- write(key, ttl, ms, frac), inlined
+  -- Until tat, rounded up.
+  local ttl = last + (ahead + (-ahead) % limit) / limit - now
+  -- write(key, ttl, ahead, last, p), inlined
   if ttl > 0 then
-    state[key], n1[key], n2[key] = ttl, ms, frac
+    state[key], n1[key], n2[key], n3[key] = ttl, ahead, last, p
   else
     state[key], n1[key] = 0, nil
   end

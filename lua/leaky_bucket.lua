@@ -1,11 +1,12 @@
 -- leaky_bucket: a queue that drains at exactly limit/period. The stored value is the
--- next free slot (slot = ms + frac/limit, T = period/limit): a request is allowed when
--- its wait max(slot, now) − now <= burst·T, and then waits that long before it passes.
+-- units queued × period at `last` (the next free slot is last + used·period/limit, T =
+-- period/limit): a request is allowed when its wait max(slot, now) − now <= burst·T, and
+-- then waits that long before it passes.
 --
 -- It is gcra's function (gcra.lua, always included with this file), which shapes for a
 -- check whose algorithm is "leaky_bucket": the same stored value, the same arithmetic.
 --
--- KEYS:   the check's key, a string "<slot ms>:<frac>" (0 <= frac < limit), TTL = until
+-- KEYS:   the check's key, a string "<used × period>:<last ms>:<period>", TTL = until
 --         the slot (rounded up).
 -- ARGV:   the check's limit, period, burst.
 -- Calls:  as common.lua describes; 'refund' moves the slot back by cost·T.

@@ -53,6 +53,16 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
       if stored ~= start then
         if stored and stored + p == start then
           prev, curr = curr, 0
+        elseif stored and stored > start - p and stored < start + p then
+          -- A window of another period (a new one came in) began inside this window or
+          -- the one before: all its units count in that one.
+          local units = prev + curr
+          if units > 9007199254740992 then units = 9007199254740992 end
+          if stored > start then
+            prev, curr = 0, units
+          else
+            prev, curr = units, 0
+          end
         else
           prev, curr = 0, 0
         end

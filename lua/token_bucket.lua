@@ -1,13 +1,16 @@
 -- token_bucket: capacity `burst`, refilled continuously at limit/period, starts full;
--- allows when tokens >= cost. Tokens are stored multiplied by `period` so the refill
--- (elapsed × limit) stays an integer. With on_exceed = "delay" a request may book tokens
--- ahead (the count goes negative) when the wait for them is at most max_delay. The deficit
--- (capacity − tokens × period) saturates at 2^53, and so does a reply's delay.
+-- allows when tokens >= cost. The key holds the units in use (capacity − tokens), scaled by
+-- `period` so the refill (elapsed × limit) stays an integer, and the period they were
+-- scaled by: an override or reload that changes limit, burst or period keeps the units
+-- used (a new period rescales them, a part of a unit rounded up). With on_exceed = "delay"
+-- a request may book tokens ahead (more units in use than the capacity) when the wait for
+-- them is at most max_delay. The units in use saturate at 2^53 (× period), and so does a
+-- reply's delay.
 --
--- KEYS:   the check's key, a string "<tokens × period>:<last refill ms>", TTL = until the
---         bucket is full again.
+-- KEYS:   the check's key, a string "<used × period>:<last refill ms>:<period>", TTL =
+--         until the bucket is full again.
 -- ARGV:   the check's limit, period, burst, max_delay ("": reject).
--- Calls:  as common.lua describes; the state for 'store' is (tokens × period, last);
+-- Calls:  as common.lua describes; the state for 'store' is (used × period, last);
 --         'refund' puts cost tokens back.
 local function token_bucket(key, at, now, op, cost, scaled, last)
   local argv = ARGV
@@ -16,7 +19,7 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
   local capacity = argv[at + 4] * p
   if op ~= 'store' then
     -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
-    local text
+    local text, period
     text, scaled, last = state[key]
     if text == nil then
       text = redis.call('GET', key)
@@ -24,31 +27,40 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
     else
       scaled = n1[key]
       if scaled ~= nil then
-        text, last = nil, n2[key]
+        text, last, period = nil, n2[key], n3[key]
       elseif text == 0 then
         text = nil
       end
     end
     if text then
-      local colon = string.find(text, ':', 1, true)
-      scaled, last = string.sub(text, 1, colon - 1) + 0, string.sub(text, colon + 1) + 0
+      local c1 = string.find(text, ':', 1, true)
+      local c2 = string.find(text, ':', c1 + 1, true)
+      scaled, last, period = string.sub(text, 1, c1 - 1) + 0,
+        string.sub(text, c1 + 1, c2 - 1) + 0, string.sub(text, c2 + 1) + 0
+    end
+    if scaled and period ~= p then
+      -- A new period: the same units, a part of one rounded up.
+      scaled = (scaled + (-scaled) % period) / period * p
+      if scaled > 9007199254740992 then scaled = 9007199254740992 end
     end
     if op == 'refund' then
       if not scaled then return end
-      scaled = scaled + cost * p
-      if scaled > capacity then scaled = capacity end
+      scaled = scaled - cost * p
+      if scaled < 0 then scaled = 0 end
     else
-      if not scaled then scaled, last = capacity, now end
+      if not scaled then scaled, last = 0, now end
       -- Refill; a clock that went back refills nothing.
       if now > last then
-        scaled = scaled + (now - last) * limit
+        scaled = scaled - (now - last) * limit
+        if scaled < 0 then scaled = 0 end
         last = now
       end
-      if scaled > capacity then scaled = capacity end
+      -- The tokens left (negative when booked ahead): exact, both below 2^53.
+      local tokens = capacity - scaled
       local need = cost * p
-      -- Booked ahead (scaled < 0) even cost 0 looks short; it never waits.
+      -- Booked ahead (tokens < 0) even cost 0 looks short; it never waits.
       local short = 0
-      if cost > 0 and need > scaled then short = need - scaled end
+      if cost > 0 and need > tokens then short = need - tokens end
       -- delay: allowed, the wait for booked tokens; denied, the wait until they refill.
       delay = (short + (-short) % limit) / limit
       local max_delay = argv[at + 5]
@@ -60,26 +72,24 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
       -- A charge books ahead whatever the wait: the debt of a response that cost more.
       if op == 'charge' then allowed = true end
       if allowed then
-        scaled = scaled - need
-        if scaled < capacity - 9007199254740992 then scaled = capacity - 9007199254740992 end
+        tokens = tokens - need
+        if tokens < capacity - 9007199254740992 then tokens = capacity - 9007199254740992 end
+        scaled = capacity - tokens
       end
       if delay > 9007199254740992 then delay = 9007199254740992 end
       remaining = 0
-      if scaled > 0 then remaining = (scaled - scaled % p) / p end
-      reset = capacity - scaled
-      reset = (reset + (-reset) % limit) / limit
+      if tokens > 0 then remaining = (tokens - tokens % p) / p end
+      reset = (scaled + (-scaled) % limit) / limit
       if op == 'peek' or not allowed then
         return allowed, remaining, reset, delay, scaled, last
       end
     end
   end
-  -- Full again at last + ceil((capacity − tokens) / limit).
-  local ttl = capacity - scaled
-  if ttl < 0 then ttl = 0 end
-  ttl = last + (ttl + (-ttl) % limit) / limit - now
-  -- write(key, ttl, scaled, last), inlined
+  -- Full again at last + ceil(used / limit).
+  local ttl = last + (scaled + (-scaled) % limit) / limit - now
+  -- write(key, ttl, scaled, last, p), inlined
   if ttl > 0 then
-    state[key], n1[key], n2[key] = ttl, scaled, last
+    state[key], n1[key], n2[key], n3[key] = ttl, scaled, last, p
   else
     state[key], n1[key] = 0, nil
   end

@@ -55,10 +55,13 @@ fn main() -> ExitCode {
         }
         Command::Admin { .. } => ExitCode::SUCCESS,
         Command::Run { config: path } => {
-            env_logger::Builder::from_env(
+            let logger = env_logger::Builder::from_env(
                 env_logger::Env::default().default_filter_or("warn,sluice=info"),
             )
-            .init();
+            .build();
+            log::set_max_level(logger.filter());
+            // Only fails when a logger is already set, and none is.
+            let _ = log::set_boxed_logger(Box::new(sluice::tls::ExplainRefusals(logger)));
             match sluice::server::run(path, config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

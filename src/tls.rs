@@ -5,6 +5,7 @@
 //! certificates in for new handshakes while open connections keep theirs. The files were read
 //! and checked by `config`; nothing here reads a file.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -141,10 +142,62 @@ impl ResolvesServerCert for Certificates {
         // `min_version = "1.3"` is enforced here: rustls negotiates 1.3 with every client
         // that offers it, and a client limited to 1.2 offers no TLS 1.3 cipher suite.
         // Answering no certificate fails that handshake with an alert.
-        if set.min_version == TlsVersion::V1_3 && !offers_tls13(&hello) {
+        let below = set.min_version == TlsVersion::V1_3 && !offers_tls13(&hello);
+        REFUSED.set(below.then_some(BELOW_MIN_VERSION));
+        if below {
             return None;
         }
         set.pick(hello.server_name())
+    }
+}
+
+thread_local! {
+    /// Why this thread's resolver refused the handshake it last saw, until that is logged.
+    static REFUSED: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+/// What rustls says of a handshake its resolver answered with no certificate, whatever the
+/// reason.
+const UNRESOLVED: &str = "no server certificate chain resolved";
+const BELOW_MIN_VERSION: &str =
+    "the client offers TLS 1.2 at most, below [tls] min_version = \"1.3\"";
+
+/// A logger that says why a handshake was refused where Pingora logs rustls's words for
+/// it (#43 item 8): a client below `min_version` gets no certificate, which rustls calls
+/// "no server certificate chain resolved". Pingora logs the failed handshake on the thread
+/// that ran the resolver, in the same poll, so the reason the resolver left there is the
+/// one of that line. Other records pass as they are, formatted only while a reason waits.
+pub struct ExplainRefusals<L>(pub L);
+
+impl<L: log::Log> log::Log for ExplainRefusals<L> {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        self.0.enabled(metadata)
+    }
+
+    fn log(&self, record: &log::Record) {
+        if let Some(why) = REFUSED.get() {
+            if record.target().starts_with("pingora") {
+                let text = record.args().to_string();
+                if text.contains(UNRESOLVED) {
+                    REFUSED.set(None);
+                    let text = text.replace(UNRESOLVED, why);
+                    return self.0.log(
+                        &log::Record::builder()
+                            .args(format_args!("{text}"))
+                            .metadata(record.metadata().clone())
+                            .module_path(record.module_path())
+                            .file(record.file())
+                            .line(record.line())
+                            .build(),
+                    );
+                }
+            }
+        }
+        self.0.log(record);
+    }
+
+    fn flush(&self) {
+        self.0.flush();
     }
 }
 

@@ -523,3 +523,119 @@ fn a_slow_admin_call_does_not_delay_proxied_requests() {
     });
     redis.signal("CONT");
 }
+
+/// The algorithms whose state counts units across requests (concurrency holds a slot only
+/// while a request is in flight).
+const COUNTING: [&str; 6] = [
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "token_bucket",
+    "gcra",
+    "leaky_bucket",
+];
+
+/// One policy and route `/ALGORITHM` per counting algorithm: 3 a day, keyed on x-api-key,
+/// each request costing 3 (one request uses the whole quota; a leaky_bucket's queue would
+/// hold a second request for 8 hours). A day, so no bucket drains a unit during the test.
+fn units_template(limiter: &str, token_file: &str) -> String {
+    let policies: String = COUNTING
+        .iter()
+        .map(|a| policy(a, a, 3, "1d", "\"header:x-api-key\"", "cost = 3"))
+        .collect();
+    let routes: String = COUNTING
+        .iter()
+        .map(|a| format!("[[routes]]\nname = \"{a}\"\npath = \"/{a}\"\nrespond = {{ status = 200, body = \"ok\\n\" }}\npolicies = [\"{a}\"]\n"))
+        .collect();
+    format!("[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\n[admin]\nlisten = \"{{admin}}\"\ntoken_file = \"{token_file}\"\n[limiter]\n{limiter}\n{policies}{routes}")
+}
+
+fn remaining(s: &Sluice, algorithm: &str, key: &str) -> u64 {
+    let q = call(s, "GET", &format!("/v1/quota/{algorithm}?key={key}"), "");
+    assert_eq!(q.status, 200, "{}", q.body);
+    let at = q.body.find("\"remaining\": ").expect("remaining") + 13;
+    let digits: String = q.body[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().expect("a number")
+}
+
+fn set_limit(s: &Sluice, algorithm: &str, key: &str, limit: u64) {
+    let body = format!("{{\"limit\": {limit}}}");
+    let put = call(
+        s,
+        "PUT",
+        &format!("/v1/overrides/{algorithm}?key={key}"),
+        &body,
+    );
+    assert_eq!(put.status, 200, "{}", put.body);
+}
+
+/// An override changes the limit, not the units used (DESIGN §9.1, #43 item 2): after 3 of
+/// 3, a limit of 5,000 (burst 5,000) leaves 4,997 on every algorithm; a limit of 2 leaves
+/// none, and 4 leaves 1. Charged through the first instance, changed and read through the
+/// last (the same one on memory).
+fn overrides_keep_the_units_used(fleet: &[Sluice]) {
+    let (first, last) = (&fleet[0], &fleet[fleet.len() - 1]);
+    for algorithm in COUNTING {
+        for key in ["up", "down"] {
+            let r = first.get_with(&format!("/{algorithm}"), &[("x-api-key", key)]);
+            assert_eq!(r.status, 200, "{algorithm}");
+        }
+        set_limit(last, algorithm, "up", 5_000);
+        set_limit(last, algorithm, "down", 2);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    for algorithm in COUNTING {
+        // A leaky_bucket counts the requests that could still join its queue (one more).
+        let queue = u64::from(algorithm == "leaky_bucket");
+        assert_eq!(
+            remaining(last, algorithm, "up"),
+            4_997 + queue,
+            "{algorithm}"
+        );
+        assert_eq!(
+            remaining(first, algorithm, "down"),
+            0,
+            "{algorithm}: 3 used of 2"
+        );
+        if algorithm != "leaky_bucket" {
+            let path = format!("/{algorithm}");
+            assert_eq!(first.get_with(&path, &[("x-api-key", "up")]).status, 200);
+            assert_eq!(remaining(first, algorithm, "up"), 4_994, "{algorithm}");
+        }
+        set_limit(first, algorithm, "down", 4);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    for algorithm in COUNTING {
+        // A leaky_bucket's queue still takes a request of cost 3 (its wait fits in the
+        // burst), and the quota counts that request's cost as left.
+        let left = if algorithm == "leaky_bucket" { 3 } else { 1 };
+        assert_eq!(
+            remaining(last, algorithm, "down"),
+            left,
+            "{algorithm}: 3 used of 4"
+        );
+    }
+}
+
+#[test]
+fn an_override_changes_the_limit_not_the_units_used_in_memory() {
+    let dir = TempDir::new();
+    let t = units_template("backend = \"memory\"", &token_file(&dir));
+    overrides_keep_the_units_used(&[Sluice::start(&t)]);
+}
+
+#[test]
+fn an_override_changes_the_limit_not_the_units_used_across_a_fleet() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let limiter = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"500ms\"",
+        redis.url()
+    );
+    let t = units_template(&limiter, &token_file(&dir));
+    let fleet: Vec<Sluice> = (0..2).map(|_| Sluice::start(&t)).collect();
+    overrides_keep_the_units_used(&fleet);
+}

@@ -1644,3 +1644,61 @@ fn the_admin_cli_manages_consumers_and_keys() {
     let (ok, _, err) = cli(&["consumer", "acme", "--delete"]);
     assert!(!ok && err.contains("409"), "{err}");
 }
+
+/// An `[[auth.jwt]]` entry for `iss` with its own key file holding `signer`'s key.
+fn issuer_with_key(dir: &TempDir, iss: &str, signer: &Signer, alg: &str, extra: &str) -> String {
+    let file = dir
+        .0
+        .join(format!("jwks-{}.json", iss.len() + alg.len() * 100));
+    std::fs::write(&file, jwt::jwks(&[signer]).to_string()).expect("write the JWKS file");
+    format!(
+        "[[auth.jwt]]\nissuer = \"{iss}\"\naudiences = [\"{AUD}\"]\nalgorithms = [\"{alg}\"]\njwks_file = \"{}\"\n{extra}\n",
+        file.display()
+    )
+}
+
+/// Two issuers with `consumers = "match"` (#43 item 3), each with its own key pair: each
+/// token's claim names a consumer of API keys as written, with no prefix (`check` asks
+/// none of them); beside them a `separate` issuer. Every 401 for a token names the
+/// consumer it looked up.
+#[test]
+fn two_match_issuers_name_the_consumers_of_api_keys_as_written() {
+    let up = EchoUpstream::start();
+    let dir = TempDir::new();
+    let (a, b, c) = (
+        Signer::es256("a-1"),
+        Signer::eddsa("b-1"),
+        Signer::es256("c-1"),
+    );
+    let (iss_a, iss_b, iss_c) = ("https://a.test/", "https://bb.test/", "https://ccc.test/");
+    let auth = format!(
+        "[auth]\n{}{}{}{}",
+        issuer_with_key(&dir, iss_a, &a, "ES256", "consumers = \"match\""),
+        issuer_with_key(&dir, iss_b, &b, "EdDSA", "consumers = \"match\""),
+        issuer_with_key(&dir, iss_c, &c, "ES256", ""),
+        consumers()
+    );
+    let s = Conf::new(&up, &auth).start();
+    let token = |signer: &Signer, iss: &str, sub: &str| {
+        with_token(
+            &s,
+            "/api/x",
+            &signer.sign(&claims(iss, AUD, sub, 300, &json!({}))),
+        )
+    };
+    assert_as(&token(&a, iss_a, "acme"), Some("acme"), "gold");
+    assert_as(&token(&b, iss_b, "freebie"), Some("freebie"), "free");
+    assert_as(&token(&b, iss_b, "acme"), Some("acme"), "gold");
+    // A `separate` issuer's consumers are its own.
+    assert_as(&token(&c, iss_c, "someone"), Some("someone"), "");
+    let refused = [
+        (token(&b, iss_b, "nobody"), "nobody"),
+        (token(&c, iss_c, "acme"), "acme"),
+    ];
+    for (r, named) in refused {
+        assert_eq!(r.status, 401, "{}", r.body);
+        assert!(r.body.contains(named), "{named} not in {}", r.body);
+    }
+    // One issuer's key does not sign for the other.
+    assert_eq!(token(&a, iss_b, "acme").status, 401);
+}

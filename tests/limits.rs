@@ -593,3 +593,36 @@ fn a_ban_holds_for_its_time_then_lifts_and_shadow_bans_nobody() {
         "the shadow policy's key was not banned: a new window admits again"
     );
 }
+
+/// A request refused by one policy (#43 item 10): the access log names the policy that
+/// refused it and marks the others `not_charged`, as text and as JSON; a request that
+/// passes shows every policy `allowed`.
+#[test]
+fn the_access_log_says_which_policy_refused_and_that_the_others_were_not_charged() {
+    let policies = policy("global", "fixed_window", 100, "1h", "", "")
+        + &policy("per_ip", "fixed_window", 1, "1h", "\"client_ip\"", "");
+    for format in ["text", "json"] {
+        let conf = config("", "", &policies, &[("a", "\"global\", \"per_ip\"")]).replace(
+            "access_log = \"off\"",
+            &format!("access_log = \"{format}\""),
+        );
+        let s = Sluice::start(&conf);
+        assert_eq!(s.get("/a").status, 200);
+        assert_eq!(s.get("/a").status, 429);
+        let (passed, refused) = match format {
+            "text" => (
+                "decisions=global=allowed,per_ip=allowed",
+                "decisions=global=not_charged,per_ip=rejected",
+            ),
+            _ => (
+                r#""decisions":{"global":"allowed","per_ip":"allowed"}"#,
+                r#""decisions":{"global":"not_charged","per_ip":"rejected"}"#,
+            ),
+        };
+        let logged = s.wait_for(Duration::from_secs(5), || {
+            let log = s.stdout();
+            log.contains(passed) && log.contains(refused)
+        });
+        assert!(logged, "{format}: {}", s.stdout());
+    }
+}

@@ -10,7 +10,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
 use super::jwks::{KeySet, UrlSource};
-use crate::config::{JwtIssuer, JwtKeys, ANONYMOUS};
+use crate::config::{JwtConsumers, JwtIssuer, JwtKeys, ANONYMOUS};
 
 /// Where one issuer's keys are now.
 pub enum Keys {
@@ -197,9 +197,13 @@ pub fn verify(token: &str, issuers: &[Issuer]) -> Result<Verified, Failure> {
             cfg.consumer_claim
         )));
     }
-    let consumer = format!("{}{claim}", cfg.consumer_prefix);
+    // A `match` issuer's claim names a consumer of API keys as written (DESIGN §17).
+    let consumer = match cfg.consumers {
+        JwtConsumers::Match => claim,
+        JwtConsumers::Separate => format!("{}{claim}", cfg.consumer_prefix),
+    };
     if let Some(why) = unfit_name(&consumer) {
-        return Err(invalid(format!("the token's consumer {why}")));
+        return Err(invalid(format!("the token's consumer {consumer:?} {why}")));
     }
     let plan = cfg.plan_claim.as_deref().and_then(name);
     Ok(Verified {
@@ -432,10 +436,28 @@ mod tests {
         );
         joined.config.consumer_prefix = "10.".into();
         let hs = [joined];
-        invalid_because(&sub(json!("0.0.1")), &hs, "consumer is an IP address");
+        invalid_because(
+            &sub(json!("0.0.1")),
+            &hs,
+            "consumer \"10.0.0.1\" is an IP address",
+        );
         assert_eq!(
             verify(&sub(json!("x")), &hs).expect("valid").consumer,
             "10.x"
+        );
+
+        // A `match` issuer's claim names a consumer as written (`check` refuses a prefix).
+        let mut matching = issuer(
+            Keys::Secret(DecodingKey::from_secret(SECRET)),
+            vec![Algorithm::HS256],
+        );
+        matching.config.consumer_prefix = "idp:".into();
+        matching.config.consumers = crate::config::JwtConsumers::Match;
+        assert_eq!(
+            verify(&sub(json!("bob")), &[matching])
+                .expect("valid")
+                .consumer,
+            "bob"
         );
     }
 

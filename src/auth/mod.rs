@@ -444,14 +444,16 @@ impl Authenticator {
             .by_name(name)
             .cloned()
             .or_else(|| self.runtime.named(name));
+        // Every refusal names the consumer looked up: a claim was checked to be one that
+        // may be shown (no control character, at most 128 bytes).
         match (issuer.config.consumers, holder) {
             (JwtConsumers::Separate, None) => Ok(identity),
-            (JwtConsumers::Separate, Some(_)) => Err(Failure::Invalid(
-                "the token names a consumer of API keys, and its issuer does not say consumers = \"match\"".into(),
-            )),
-            (JwtConsumers::Match, None) => Err(Failure::Invalid(
-                "the token names no consumer (its issuer says consumers = \"match\")".into(),
-            )),
+            (JwtConsumers::Separate, Some(_)) => Err(Failure::Invalid(format!(
+                "the token names {name:?}, a consumer of API keys, and its issuer does not say consumers = \"match\""
+            ))),
+            (JwtConsumers::Match, None) => Err(Failure::Invalid(format!(
+                "the token names {name:?}, which is no consumer of API keys (its issuer says consumers = \"match\")"
+            ))),
             (JwtConsumers::Match, Some(named)) => {
                 identity.consumer = Some(named.name);
                 identity.plan = named.plan;

@@ -174,9 +174,7 @@ pub(super) fn auth(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<Aut
                         }
                     }
                 }
-                if items.len() > 1 {
-                    distinct_prefixes(p, items);
-                }
+                distinct_prefixes(p, items);
                 items.iter().filter_map(|i| issuer(p, i, dir)).collect()
             }
             other => {
@@ -371,15 +369,7 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
         .map_or(Duration::from_secs(60), |d| d.value);
     let consumer_claim = t.string("consumer_claim").map_or("sub".into(), |s| s.value);
     let plan_claim = t.string("plan_claim").map(|s| s.value);
-    let consumer_prefix = t.string("consumer_prefix").map_or(String::new(), |s| {
-        if s.value.chars().any(char::is_control) {
-            p.at(
-                &s.span,
-                "`consumer_prefix` must not hold a control character",
-            );
-        }
-        s.value
-    });
+    let prefix = t.string("consumer_prefix");
     let consumers = t
         .choice(
             "consumers",
@@ -389,6 +379,17 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
             ],
         )
         .unwrap_or(JwtConsumers::Separate);
+    let consumer_prefix = prefix.map_or(String::new(), |s| {
+        if consumers == JwtConsumers::Match {
+            p.at(&s.span, MATCH_TAKES_NO_PREFIX);
+        } else if s.value.chars().any(char::is_control) {
+            p.at(
+                &s.span,
+                "`consumer_prefix` must not hold a control character",
+            );
+        }
+        s.value
+    });
     t.finish();
     Some(JwtIssuer {
         issuer: issuer?.value,
@@ -405,16 +406,26 @@ fn issuer(p: &Problems, node: &Spanned<Node>, dir: &Path) -> Option<JwtIssuer> {
     })
 }
 
-/// With two or more issuers no `consumer_prefix` may equal or start another's (absent is
-/// ""), so that no issuer's claim can name another issuer's consumer (DESIGN §17). Each
-/// issuer is reported once, at its prefix (or its table), against the first earlier one.
+const MATCH_TAKES_NO_PREFIX: &str = "`consumer_prefix` is for consumers = \"separate\" only: a \"match\" issuer's claim names a consumer of API keys as written";
+
+/// With two or more `separate` issuers no `consumer_prefix` may equal or start another's
+/// (absent is ""), so that no issuer's claim can name another issuer's consumer (DESIGN
+/// §17); a `match` issuer's claims name the consumers of API keys as written, and take no
+/// prefix. Each issuer is reported once, at its prefix (or its table), against the first
+/// earlier one.
 fn distinct_prefixes(p: &Problems, items: &[Spanned<Node>]) {
-    const WHY: &str = "with two or more issuers each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers";
+    const WHY: &str = "with two or more issuers of consumers = \"separate\" each needs a prefix of its own, none the start of another, so that no issuer can name another's consumers";
     let mut earlier: Vec<(String, String)> = Vec::new();
     for item in items {
         let Node::Table(entries) = &item.value else {
             continue;
         };
+        let matching = entries.iter().any(|(k, v)| {
+            k.value == "consumers" && matches!(&v.value, Node::Str(s) if s == "match")
+        });
+        if matching {
+            continue;
+        }
         let issuer = entries
             .iter()
             .find_map(|(k, v)| match &v.value {

@@ -4,14 +4,20 @@
 //! plus the state to store if the request is charged. The Lua scripts in `lua/` implement
 //! exactly the same arithmetic; `tests/conformance.rs` holds them to it.
 //!
-//! Rates are exact: T = period/limit is kept as a fraction with denominator `limit`
-//! (gcra and leaky_bucket store `ms + frac/limit`; token_bucket stores tokens scaled by
-//! `period`), so no float ever rounds a decision.
+//! Rates are exact: token_bucket, gcra and leaky_bucket store the units in use scaled by
+//! `period` (each unit is `period`, draining `limit` a millisecond), so no float ever rounds
+//! a decision.
+//!
+//! State holds units, never the numbers it was counted with: an override or a reload that
+//! changes a key's limit, burst or period changes what is allowed from then on, not what
+//! was used (DESIGN §9.1). After 3 of 3, a limit of 5,000 leaves 4,997 on every algorithm.
+//! The buckets keep the period their units were scaled by, and a new period rescales them
+//! (rounded up to whole units).
 //!
 //! Costs cannot wrap (DESIGN §17): a cost is at most `MAX_COST` (2^53), and what state
 //! holds saturates there, as the Lua scripts' doubles stay exact below it: a count of units
-//! stops at 2^53 (more than any limit), a bucket's deficit (tokens × period) and a tat's
-//! lead ((tat − now) × limit) too, and so do the milliseconds a verdict reports. A cost
+//! stops at 2^53 (more than any limit), a bucket's units in use × period (a tat's lead,
+//! (tat − now) × limit) too, and so do the milliseconds a verdict reports. A cost
 //! larger than what is left is refused, never admitted by an overflow.
 
 use std::collections::VecDeque;
@@ -44,6 +50,19 @@ pub fn fits(count: u64, cost: u64, limit: u64) -> bool {
 /// `MAX_COST`.
 fn capped(n: u128) -> u64 {
     n.min(u128::from(MAX_COST)) as u64
+}
+
+/// The algorithm's segment of a storage key: its name, and for the buckets the version of
+/// their state's layout. Units in use (v2) replaced tokens and times, which only meant
+/// what they did under the numbers that wrote them; during a rolling upgrade old and new
+/// instances keep separate bucket state, for at most a period.
+pub fn state_name(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::TokenBucket => "token_bucket.v2",
+        Algorithm::Gcra => "gcra.v2",
+        Algorithm::LeakyBucket => "leaky_bucket.v2",
+        _ => algorithm.name(),
+    }
 }
 
 /// The numbers of one policy that its algorithm needs.
@@ -90,10 +109,10 @@ pub enum State {
         entries: VecDeque<(u64, u64)>,
         total: u64,
     },
-    /// token_bucket: tokens × period (negative when booked ahead) at time `last`.
-    Bucket { scaled: i128, last: u64 },
-    /// gcra: theoretical arrival time; leaky_bucket: next free slot. `ms + frac/limit`.
-    Tat { ms: u64, frac: u64 },
+    /// token_bucket, gcra and leaky_bucket: the units in use × `period` (more than the
+    /// capacity when booked ahead) at time `last`; they drain at `limit` a millisecond.
+    /// token_bucket's tokens are burst − used; gcra's tat is last + scaled/limit.
+    Bucket { scaled: u64, last: u64, period: u64 },
     /// concurrency: (lease id, expiry) of each slot held.
     Leases(Vec<(u64, u64)>),
 }
@@ -188,22 +207,15 @@ pub fn refund(rule: &Rule, state: &State, charged_at: u64, cost: u64) -> Option<
                 total: total - (cost - left),
             })
         }
-        State::Bucket { scaled, last } => {
-            let capacity = rule.burst as i128 * p as i128;
-            Some(State::Bucket {
-                scaled: (scaled + cost as i128 * p as i128).min(capacity),
-                last: *last,
-            })
-        }
-        State::Tat { ms, frac } => {
-            let limit = rule.limit as u128;
-            let tat = *ms as u128 * limit + *frac as u128;
-            let back = tat.saturating_sub(cost as u128 * p as u128);
-            Some(State::Tat {
-                ms: (back / limit) as u64,
-                frac: (back % limit) as u64,
-            })
-        }
+        State::Bucket {
+            scaled,
+            last,
+            period,
+        } => Some(State::Bucket {
+            scaled: rescale(*scaled, *period, p).saturating_sub(cost.saturating_mul(p)),
+            last: *last,
+            period: p,
+        }),
         _ => None,
     }
 }
@@ -218,17 +230,50 @@ pub fn expires_at(rule: &Rule, state: &State) -> u64 {
         },
         State::Sliding { start, curr, .. } => start + if *curr > 0 { 2 * p } else { p },
         State::Log { entries, .. } => entries.back().map_or(0, |(t, _)| t + p),
-        State::Bucket { scaled, last } => {
-            let missing = rule.burst as i128 * p as i128 - scaled;
-            last + ceil_div(missing.max(0) as u128, rule.limit as u128) as u64
+        State::Bucket {
+            scaled,
+            last,
+            period,
+        } => {
+            let scaled = rescale(*scaled, *period, p);
+            last + ceil_div(scaled as u128, rule.limit as u128) as u64
         }
-        State::Tat { ms, frac } => ms + u64::from(*frac > 0),
         State::Leases(leases) => leases.iter().map(|(_, exp)| *exp).max().unwrap_or(0),
     }
 }
 
 fn ceil_div(a: u128, b: u128) -> u128 {
     a.div_ceil(b)
+}
+
+/// A bucket's units in use, scaled by `from`, in the scale of `to`: the same units, a
+/// part of one rounded up to a whole (a new period leaves no fraction to carry).
+fn rescale(scaled: u64, from: u64, to: u64) -> u64 {
+    if from == to || from == 0 {
+        return scaled;
+    }
+    capped(u128::from(scaled.div_ceil(from)) * u128::from(to))
+}
+
+/// A bucket's units in use × period at `now` (drained since it was written, at `limit` a
+/// millisecond; a clock that went back drains nothing), at most `MAX_COST`, and the time
+/// the state is then at.
+fn in_use(rule: &Rule, state: Option<&State>, now: u64) -> (u128, u64) {
+    match state {
+        Some(State::Bucket {
+            scaled,
+            last,
+            period,
+        }) => {
+            let scaled = u128::from(rescale(*scaled, *period, rule.period_ms));
+            let drained = u128::from(now.saturating_sub(*last)) * u128::from(rule.limit);
+            (
+                scaled.saturating_sub(drained).min(u128::from(MAX_COST)),
+                now.max(*last),
+            )
+        }
+        _ => (0, now),
+    }
 }
 
 /// The fixed window `at` falls in, [start, end) in ms: aligned to multiples of the period
@@ -246,7 +291,9 @@ pub fn window(rule: &Rule, at: u64) -> (u64, u64) {
 fn fixed_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
     let (start, end) = window(rule, now);
     let count = match state {
-        Some(State::Window { start: s, count }) if *s == start => *count,
+        // The stored window began inside this one: this window, or (after a longer period
+        // came in) a part of it, whose units it keeps.
+        Some(State::Window { start: s, count }) if (start..end).contains(s) => *count,
         _ => 0,
     };
     let reset_ms = end - now;
@@ -284,6 +331,20 @@ fn sliding_window(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (V
             curr,
         }) if *s == start => (*prev, *curr),
         Some(State::Sliding { start: s, curr, .. }) if *s + rule.period_ms == start => (*curr, 0),
+        // A window of another period (a new one came in) began inside this window or the
+        // one before: all its units count in that one.
+        Some(State::Sliding {
+            start: s,
+            prev,
+            curr,
+        }) if *s + rule.period_ms > start && *s < start + rule.period_ms => {
+            let units = add_units(*prev, *curr);
+            if *s > start {
+                (0, units)
+            } else {
+                (units, 0)
+            }
+        }
         _ => (0, 0),
     };
     let elapsed = (now - start) as u128;
@@ -406,36 +467,33 @@ fn sliding_log(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verd
 }
 
 fn token_bucket(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Verdict, State) {
-    let p = rule.period_ms as i128;
-    let capacity = rule.burst as i128 * p;
-    // The deficit (capacity − tokens × period) saturates at MAX_COST.
-    let floor = capacity - i128::from(MAX_COST);
-    let (mut scaled, last) = match state {
-        Some(State::Bucket { scaled, last }) => (*scaled, *last),
-        _ => (capacity, now),
+    let p = u128::from(rule.period_ms);
+    let capacity = u128::from(rule.burst) * p;
+    // Tokens are capacity − used; refilled limit per period, continuously.
+    let (used, last) = in_use(rule, state, now);
+    let need = u128::from(cost) * p;
+    // Booked ahead (used > capacity), even cost 0 looks short; it never waits.
+    let short = if cost == 0 {
+        0
+    } else {
+        (used + need).saturating_sub(capacity)
     };
-    // Refill limit tokens per period, continuously; a clock that went back refills nothing.
-    let elapsed = now.saturating_sub(last) as i128;
-    scaled = (scaled + elapsed * rule.limit as i128).min(capacity);
-    let need = cost as i128 * p;
-    // Booked ahead (scaled < 0), `need - scaled` is positive even for cost 0, which never waits.
-    let short = if cost == 0 { 0 } else { (need - scaled).max(0) };
-    let wait = ceil_div(short as u128, rule.limit as u128);
     // Compared capped: a charge's unbounded booking (max_delay u64::MAX) takes any wait.
-    let wait = capped(wait);
+    let wait = capped(ceil_div(short, u128::from(rule.limit)));
     let allowed = match rule.max_delay_ms {
         Some(max_delay) => wait <= max_delay,
         None => short == 0,
     };
+    // The units in use saturate at MAX_COST.
     let after = if allowed {
-        (scaled - need).max(floor)
+        (used + need).min(u128::from(MAX_COST))
     } else {
-        scaled
+        used
     };
     let verdict = Verdict {
         allowed,
-        remaining: (after.max(0) / p) as u64,
-        reset_ms: capped(ceil_div((capacity - after) as u128, rule.limit as u128)),
+        remaining: (capacity.saturating_sub(after) / p) as u64,
+        reset_ms: capped(ceil_div(after, u128::from(rule.limit))),
         retry_after_ms: if allowed { 0 } else { wait },
         wait_ms: if allowed { wait } else { 0 },
         banned: false,
@@ -443,13 +501,15 @@ fn token_bucket(rule: &Rule, state: Option<&State>, now: u64, cost: u64) -> (Ver
     (
         verdict,
         State::Bucket {
-            scaled: after,
-            last: now.max(last),
+            scaled: after as u64,
+            last,
+            period: rule.period_ms,
         },
     )
 }
 
-/// gcra and leaky_bucket share the stored time `ms + frac/limit` and T = period/limit.
+/// gcra and leaky_bucket share token_bucket's state, T = period/limit and tat = last +
+/// scaled/limit (the units in use, draining one per T).
 /// gcra: allowed when max(tat, now) + cost·T − now ≤ burst·T.
 /// leaky_bucket: allowed when the wait max(slot, now) − now ≤ burst·T; it then waits.
 fn gcra(
@@ -462,13 +522,8 @@ fn gcra(
     let limit = rule.limit as u128;
     let p = rule.period_ms as u128;
     let tolerance = rule.burst as u128 * p;
-    // (tat − now) × limit, or 0 when tat is in the past.
-    let (base_ms, base_frac) = match state {
-        Some(State::Tat { ms, frac }) if *ms >= now => (*ms, *frac as u128),
-        _ => (now, 0),
-    };
-    // The lead saturates at MAX_COST (a state written before that bound held may be ahead).
-    let ahead = ((base_ms - now) as u128 * limit + base_frac).min(u128::from(MAX_COST));
+    // (tat − now) × limit: the units in use × period, saturated at MAX_COST.
+    let (ahead, last) = in_use(rule, state, now);
     let step = cost as u128 * p;
     let new_ahead = ahead + step;
     let (allowed, wait, over) = if cost == 0 {
@@ -491,10 +546,6 @@ fn gcra(
         }
     };
     let new_ahead = new_ahead.min(u128::from(MAX_COST));
-    let new_state = State::Tat {
-        ms: now + (new_ahead / limit) as u64,
-        frac: (new_ahead % limit) as u64,
-    };
     let after = if allowed { new_ahead } else { ahead };
     let remaining = if shaping {
         // Requests that could still join the queue now.
@@ -514,13 +565,10 @@ fn gcra(
         wait_ms: if allowed { capped(wait) } else { 0 },
         banned: false,
     };
-    let state = if allowed {
-        new_state
-    } else {
-        State::Tat {
-            ms: base_ms,
-            frac: base_frac as u64,
-        }
+    let state = State::Bucket {
+        scaled: after as u64,
+        last,
+        period: rule.period_ms,
     };
     (verdict, state)
 }
@@ -965,30 +1013,64 @@ mod tests {
             panic!("a log")
         };
         assert_eq!((total, entries.len()), (MAX_COST, 2));
-        // A bucket's deficit stops at 2^53 (here: tokens × period), a tat's lead too.
+        // A bucket's units in use (× period) stop at 2^53, a tat's lead too.
+        let full = State::Bucket {
+            scaled: MAX_COST,
+            last: T0,
+            period: 1_000,
+        };
         let t = rule(Algorithm::TokenBucket, 10, 1_000, 10);
-        assert_eq!(
-            charged(t, u64::MAX),
-            State::Bucket {
-                scaled: 10_000 - i128::from(MAX_COST),
-                last: T0
-            }
-        );
+        assert_eq!(charged(t, u64::MAX), full);
         let g = rule(Algorithm::Gcra, 10, 1_000, 10);
         let tat = charged(g, u64::MAX);
-        assert_eq!(
-            tat,
-            State::Tat {
-                ms: T0 + MAX_COST / 10,
-                frac: MAX_COST % 10
-            }
-        );
+        assert_eq!(tat, full);
         let (v, _) = decide(&g, Some(&tat), T0, 1);
         assert!(!v.allowed);
         assert!(
             v.retry_after_ms <= MAX_COST && v.reset_ms <= MAX_COST,
             "{v:?}"
         );
+    }
+
+    /// An override changes the numbers, not the units used (DESIGN §9.1): a key charged
+    /// under one rule decides under another as if that one had counted it all along.
+    #[test]
+    fn new_numbers_keep_the_units_used() {
+        let algorithms = [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::LeakyBucket,
+        ];
+        // (before, after): raised, lowered below the units used, a longer period.
+        let changes = [
+            ((3, 60_000, 3), (5_000, 60_000, 5_000)),
+            ((10, 60_000, 10), (2, 60_000, 2)),
+            ((3, 60_000, 3), (5_000, 3_600_000, 5_000)),
+        ];
+        for algorithm in algorithms {
+            for ((l0, p0, b0), (l1, p1, b1)) in changes {
+                let old = rule(algorithm, l0, p0, b0);
+                let new = rule(algorithm, l1, p1, b1);
+                let (mut before, mut all_along) = (Bucket::new(old), Bucket::new(new));
+                for _ in 0..3 {
+                    before.hit(T0, 1);
+                    all_along.hit(T0, 1);
+                }
+                let at = T0 + 7;
+                let got = decide(&new, before.state.as_ref(), at, 0).0;
+                let want = decide(&new, all_along.state.as_ref(), at, 0).0;
+                assert_eq!(got.remaining, want.remaining, "{algorithm:?} {l0}->{l1}");
+                if algorithm != Algorithm::LeakyBucket && l1 == 5_000 {
+                    assert_eq!(got.remaining, 4_997, "{algorithm:?}");
+                }
+                if l1 == 2 && algorithm != Algorithm::LeakyBucket {
+                    assert_eq!(got.remaining, 0, "{algorithm:?}: 3 used of 2");
+                }
+            }
+        }
     }
 
     #[test]

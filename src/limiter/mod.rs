@@ -300,13 +300,14 @@ impl Limiter {
         self.backend.name()
     }
 
-    /// `<key_prefix>{<hash>}:<policy>:<algorithm>` (DESIGN §3), built without `fmt`: it is
-    /// on every decision's path.
+    /// `<key_prefix>{<hash>}:<policy>:<algorithm>` (DESIGN §3; the buckets' algorithm with
+    /// their layout's version, `algorithm::state_name`), built without `fmt`: it is on
+    /// every decision's path.
     fn storage_key(&self, policy: &Policy, value: &[u8]) -> String {
         let (prefix, name, algorithm) = (
             &self.settings.key_prefix,
             &policy.name,
-            policy.algorithm.name(),
+            algorithm::state_name(policy.algorithm),
         );
         let mut key = String::with_capacity(prefix.len() + name.len() + algorithm.len() + 36);
         key.push_str(prefix);

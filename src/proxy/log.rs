@@ -10,6 +10,7 @@ use super::metering::request::content_length;
 use super::Ctx;
 use crate::config::{AccessLog, Target};
 use crate::gateway::Gateway;
+use crate::limiter::Decision;
 use crate::routing::UNMATCHED;
 use crate::upstream;
 
@@ -137,6 +138,24 @@ fn wire_length(session: &Session) -> Option<u64> {
     Some(h1.get_headers_raw_bytes().len() as u64 + content_length(req).unwrap_or(0))
 }
 
+/// Whether a policy's decision refuses the request.
+fn refuses(decision: Decision) -> bool {
+    matches!(
+        decision,
+        Decision::Rejected | Decision::Banned | Decision::ErrorDenied
+    )
+}
+
+/// A policy's word in the access log: its decision, except that a request one policy
+/// refused charged none of the others (all or nothing, DESIGN §3), so a policy that would
+/// have let it pass is `not_charged` there, not `allowed` (#43 item 10).
+fn logged(decision: Decision, refused: bool) -> &'static str {
+    match decision {
+        Decision::Allowed | Decision::Delayed if refused => "not_charged",
+        _ => decision.label(),
+    }
+}
+
 /// One line on stdout per request, as JSON or as text (`[server] access_log`).
 fn access_log(
     format: AccessLog,
@@ -149,14 +168,14 @@ fn access_log(
     use std::io::Write;
     let route = ctx.route_name();
     let req = session.req_header();
-    let decisions: serde_json::Map<String, serde_json::Value> = ctx
-        .limits
-        .decisions
+    let outcomes = &ctx.limits.decisions;
+    let refused = outcomes.iter().any(|d| refuses(d.decision));
+    let decisions: serde_json::Map<String, serde_json::Value> = outcomes
         .iter()
         .map(|d| {
             (
                 gateway.config.policies[d.policy].name.clone(),
-                d.decision.label().into(),
+                logged(d.decision, refused).into(),
             )
         })
         .collect();
