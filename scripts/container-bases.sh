@@ -43,7 +43,6 @@ main() {
         echo "making debian:bookworm-slim with mmdebstrap"
         # Like the official slim image: no manuals, docs or translations (copyrights kept), and
         # apt keeps no package caches in a layer.
-        local apt_clean
         apt_clean="$(mktemp)"
         trap 'rm -f "$apt_clean"' EXIT
         cat > "$apt_clean" <<'END'
@@ -60,7 +59,6 @@ END
             --dpkgopt='path-exclude=/usr/share/locale/*' \
             --dpkgopt='path-exclude=/usr/share/lintian/*' \
             --aptopt="$apt_clean"
-        rm -f "$apt_clean"
     fi
 
     if ! have rust:1-bookworm; then
