@@ -26,6 +26,10 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
+# A command that fails outside a check says where (functions included: -E), instead of
+# ending the test silently.
+set -E
+trap 'echo "FAIL: line $LINENO: $BASH_COMMAND (exit $?)" >&2' ERR
 
 fail() {
     echo "FAIL: $*" >&2
@@ -49,7 +53,8 @@ wait_ok() {
 wait_hello() {
     local body=""
     for _ in $(seq 1 50); do
-        body=$(in_box curl -s http://127.0.0.1:8080/hello)
+        # Refused while a (re)started sluice is not listening yet: curl exits 7.
+        body=$(in_box curl -s http://127.0.0.1:8080/hello || true)
         [ "$body" = "$1" ] && return 0
         sleep 0.2
     done
@@ -140,7 +145,7 @@ done
 [ "$code" = 429 ] && [ $n = 6 ] || fail "expected the 6th /hello to get 429, got $code at request $n"
 ok "/hello answered 'hello from sluice', the 6th got 429"
 # Read whole, then searched: `grep -q` in a pipe would close it early, and pipefail would fail.
-metrics=$(in_box curl -s http://127.0.0.1:9091/metrics)
+metrics=$(in_box curl -s http://127.0.0.1:9091/metrics || true)
 grep -q 'sluice_decisions_total{decision="rejected",policy="per_ip",route="hello"}' <<<"$metrics" \
     || fail "/metrics has no rejected per_ip decisions for route hello"
 ok "/metrics counts the rejections"
@@ -236,7 +241,7 @@ done
 ok "systemctl stop drained the in-flight request in $(printf '%.1f' "$took") s: Result=$result, exit $status"
 
 # 8. `apt purge` of a running sluice stops it and leaves no unit, no files, no state.
-in_box systemctl start sluice
+in_box systemctl start sluice || fail "systemctl start failed"
 wait_hello "hello from the edited config"
 in_box dpkg-query -L sluice > "$work/files"
 in_box env DEBIAN_FRONTEND=noninteractive apt-get purge -y sluice </dev/null >/dev/null 2>&1 \
