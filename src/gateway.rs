@@ -62,6 +62,11 @@ impl Gateway {
             &upstreams,
             &metrics,
         );
+        // On a reload the listeners are up; at start `server::run` starts them once they
+        // are, since an upstream may be sluice itself (the quick start's is its admin listener).
+        if previous.is_some() {
+            upstream::start(&upstreams);
+        }
         // Last, after everything that can fail: new handshakes get these certificates now.
         let tls = match previous {
             Some(p) => p.tls.clone(),

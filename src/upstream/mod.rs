@@ -92,11 +92,18 @@ impl Upstream {
     }
 }
 
+fn pools_of(upstreams: &[Arc<Upstream>]) -> Vec<Arc<pool::Pool>> {
+    upstreams.iter().map(|u| u.pool.clone()).collect()
+}
+
 /// Puts `new` (a config load) in service after `old`: the old pools stop checking and
-/// writing gauges, then the new ones start their health checks and re-resolving.
+/// writing gauges. The new ones start their health checks and re-resolving with `start`.
 pub fn hand_over(old: &[Arc<Upstream>], new: &[Arc<Upstream>], metrics: &Metrics) {
-    let pools = |u: &[Arc<Upstream>]| u.iter().map(|u| u.pool.clone()).collect::<Vec<_>>();
-    let new_pools = pools(new);
-    pool::hand_over(&pools(old), &new_pools, metrics);
-    pool::start(&new_pools);
+    pool::hand_over(&pools_of(old), &pools_of(new), metrics);
+}
+
+/// Starts the health checks and re-resolving of `upstreams` (on the current runtime); those
+/// of a config already replaced end at once.
+pub fn start(upstreams: &[Arc<Upstream>]) {
+    pool::start(&pools_of(upstreams));
 }
