@@ -23,7 +23,7 @@ PREFIX   ?= /usr
 DESTDIR  ?=
 CONFIGS  := $(wildcard conf/*.toml)
 
-.PHONY: all deps container-test build dist dist-pgo run test lint layers docs unit check-configs doc-examples ops prometheus console-screenshots bench soak install clean
+.PHONY: all deps container-test deb deb-test deb-tools build dist dist-pgo run test lint layers docs unit check-configs doc-examples ops prometheus console-screenshots bench soak install clean
 
 all: build
 
@@ -121,6 +121,46 @@ container-test:
 	for p in podman runc mmdebstrap bc; do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	scripts/apt-need.sh $$missing
 	scripts/container-test.sh
+
+# The Debian package (DESIGN §23): target/debian/sluice_<version>_<arch>.deb from the dist
+# build, with the unit, the conffile, the dashboard and alert rules, man pages and completions
+# (written by the binary itself, `sluice manuals`), stripped; lintian must find no error.
+deb: dist deb-tools
+	$(call deb_package,$(DIST),dist,target/debian/)
+	lintian --fail-on error target/debian/sluice_*.deb
+
+# The package installed with apt in a Debian container booted with systemd, upgraded,
+# reloaded, stopped and purged (scripts/deb-test.sh). It packages the release build, the same
+# code as dist, so CI does not pay for a fat-LTO build; the package goes to target/deb-test/.
+deb-test: build deb-tools
+	@missing=""; \
+	for p in podman runc mmdebstrap bc; do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
+	scripts/apt-need.sh $$missing
+	$(call deb_package,$(SLUICE),release,target/deb-test/)
+	scripts/deb-test.sh target/deb-test/sluice_*.deb
+
+# cargo-deb, pinned: installed with cargo when missing or at another version. It runs
+# dpkg-shlibdeps (dpkg-dev) for the libraries in Depends, and strip (binutils); lintian
+# checks what it made.
+CARGO_DEB_VERSION := 3.8.0
+deb-tools:
+	@missing=""; \
+	command -v dpkg-shlibdeps >/dev/null 2>&1 || missing="$$missing dpkg-dev"; \
+	command -v strip >/dev/null 2>&1 || missing="$$missing binutils"; \
+	command -v lintian >/dev/null 2>&1 || missing="$$missing lintian"; \
+	scripts/apt-need.sh $$missing
+	@$(CARGO) deb --version 2>/dev/null | grep -qx 'cargo-deb $(CARGO_DEB_VERSION)' || \
+	  $(CARGO) install --locked cargo-deb@$(CARGO_DEB_VERSION)
+
+# deb_package BINARY,PROFILE,OUTDIR: the man pages and completions from BINARY, then the
+# package of PROFILE's build (cargo-deb's target/release/ stands for target/PROFILE/).
+define deb_package
+	rm -rf target/manuals $(3)sluice_*.deb
+	$(1) manuals target/manuals
+	gzip -9n target/manuals/*.1
+	$(CARGO) deb --no-build --strip --profile $(2) --output $(3)
+endef
 
 # The README's pictures of the operator console (docs/console-*.png), taken by the same
 # headless Chromium as tests/console.rs, against a live sluice with traffic.

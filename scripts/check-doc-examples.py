@@ -455,11 +455,18 @@ def make_run_serves_the_quick_start(run):
         return "the Makefile's `run` no longer serves conf/sluice.toml, which this check runs"
 
 
+def make_deb_builds_the_package(run):
+    makefile = open(os.path.join(ROOT, "Makefile")).read()
+    if not re.search(r"^deb: ", makefile, re.M) or "target/debian/" not in makefile:
+        return "the Makefile has no `deb` target writing target/debian/ (scripts/deb-test.sh checks the package)"
+
+
 # Every quick-start line with what its comment promises. A line not listed here fails the
 # check: a new example comes with its test.
 QUICK_START = {
     "make run     # builds, then serves conf/sluice.toml on 127.0.0.1:8080 (admin on :9091)": make_run_serves_the_quick_start,
     "make test    # everything CI runs: fmt, clippy, unit + end-to-end tests, config and ops checks": None,
+    "make deb     # the production install: target/debian/sluice_*.deb, for `apt install` (systemd unit)": make_deb_builds_the_package,
     "curl -i http://127.0.0.1:8080/hello        # answered by sluice; the 6th call within 10s gets 429": hello_then_429,
     "curl -i http://127.0.0.1:8080/healthz      # proxied upstream (the quick start's upstream is the admin listener)": proxied_healthz,
     "curl -s http://127.0.0.1:9091/metrics | grep sluice_decisions_total": metrics_grep,

@@ -51,7 +51,8 @@
 //!    service: `rules` matching, `proto` messages, `decide`, `service` gRPC over HTTP/2),
 //!    `admin` (/metrics, /healthz, /readyz, the `/v1/` API and the operator console).
 //! 9. `server`: wiring it together and running until SIGTERM.
-//! 10. `cli`: the command line, and the `sluice admin` client (`cli::admin`).
+//! 10. `cli`: the command line, the `sluice admin` client (`cli::admin`), and the man pages
+//!     and shell completions generated from it (`cli::manual`).
 
 pub mod admin;
 pub mod auth;

@@ -1,8 +1,9 @@
 //! The `sluice` binary: parse the command line, load the config, serve.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Arg, ArgMatches, CommandFactory, FromArgMatches};
 use sluice::cli::{AdminCall, Cli, Command};
 use sluice::config;
 
@@ -12,7 +13,11 @@ use sluice::config;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = parse();
+    if let Some(("manuals", dir)) = matches.subcommand() {
+        return manuals(dir);
+    }
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Admin {
         call: AdminCall::Token { file },
         ..
@@ -69,6 +74,34 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// The command line of [`Cli`] plus the packaging's hidden `sluice manuals DIR`, which is kept
+/// out of `Cli` so that the man pages and completions it writes do not list it.
+fn parse() -> ArgMatches {
+    let manuals = clap::Command::new("manuals")
+        .hide(true)
+        .about("Write the man pages and bash/zsh completions into DIR (for packaging)")
+        .arg(
+            Arg::new("dir")
+                .value_name("DIR")
+                .required(true)
+                .value_parser(clap::value_parser!(PathBuf)),
+        );
+    Cli::command().subcommand(manuals).get_matches()
+}
+
+fn manuals(args: &ArgMatches) -> ExitCode {
+    let Some(dir) = args.get_one::<PathBuf>("dir") else {
+        return ExitCode::from(2);
+    };
+    match sluice::cli::manual::write(dir) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice manuals: {}: {e}", dir.display());
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,6 +1,8 @@
-//! The command line: `sluice run`, `sluice check` and `sluice admin …` (its client: `admin`).
+//! The command line: `sluice run`, `sluice check` and `sluice admin …` (its client: `admin`;
+//! the man pages and shell completions made from it: `manual`).
 
 pub mod admin;
+pub mod manual;
 
 use std::path::PathBuf;
 
