@@ -163,6 +163,23 @@ impl<'a> Table<'a> {
         }
     }
 
+    /// A number, written as a float or an integer.
+    pub(super) fn number(&self, key: &str) -> Option<Spanned<f64>> {
+        let node = self.get(key)?;
+        let value = match node.value {
+            Node::Float(f) => f,
+            Node::Int(i) => i as f64,
+            _ => {
+                self.wrong_type(key, node, "a number");
+                return None;
+            }
+        };
+        Some(Spanned {
+            value,
+            span: node.span.clone(),
+        })
+    }
+
     pub(super) fn strings(&self, key: &str) -> Option<Vec<Spanned<String>>> {
         let node = self.get(key)?;
         let Node::Array(items) = &node.value else {

@@ -14,7 +14,8 @@ pub enum Node {
     Str(String),
     Int(i64),
     Bool(bool),
-    Float,
+    /// A TOML float (or an integer beyond i64, as infinity: no key takes such a number).
+    Float(f64),
     Datetime,
     Array(Vec<Spanned<Node>>),
     /// Tables and inline tables alike; keys keep their own spans.
@@ -27,7 +28,7 @@ impl Node {
             Node::Str(_) => "a string",
             Node::Int(_) => "an integer",
             Node::Bool(_) => "a boolean",
-            Node::Float => "a float",
+            Node::Float(_) => "a float",
             Node::Datetime => "a datetime",
             Node::Array(_) => "an array",
             Node::Table(_) => "a table",
@@ -78,9 +79,9 @@ fn value_of(v: &toml::Spanned<toml::de::DeValue>) -> Spanned<Node> {
         DeValue::Integer(i) => match i64::from_str_radix(i.as_str(), i.radix()) {
             Ok(n) => Node::Int(n),
             // Out of i64's range: no key takes such a number.
-            Err(_) => Node::Float,
+            Err(_) => Node::Float(f64::INFINITY),
         },
-        DeValue::Float(_) => Node::Float,
+        DeValue::Float(f) => Node::Float(f.as_str().replace('_', "").parse().unwrap_or(f64::NAN)),
         DeValue::Boolean(b) => Node::Bool(*b),
         DeValue::Datetime(_) => Node::Datetime,
         DeValue::Array(a) => Node::Array(a.iter().map(value_of).collect()),
