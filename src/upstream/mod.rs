@@ -3,6 +3,7 @@
 //! checks, and `pool::resolve`, names asked again on an interval), its TLS material for peers (`peer_tls`)
 //! and its retry budget (`retry`). The proxy asks it for one thing per try: `peer()`.
 
+mod adaptive;
 mod peer_tls;
 mod pool;
 mod retry;
