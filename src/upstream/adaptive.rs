@@ -78,6 +78,7 @@ impl Controller {
         self.best_us
     }
 
+    #[cfg(test)]
     pub fn probing(&self) -> bool {
         self.probing.is_some()
     }
@@ -333,7 +334,7 @@ impl Gate {
     fn hand_out(self: &Arc<Self>) {
         loop {
             let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(mut first) = queue.first_entry() else {
+            let Some(first) = queue.first_entry() else {
                 return;
             };
             let share = f64::from(1_000_000 - first.key().0) / 1_000_000.0;

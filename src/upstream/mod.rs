@@ -1,7 +1,9 @@
 //! The upstream side (DESIGN §20): each configured upstream as one owner, `Upstream`, of
 //! its server pool (`pool`: selection and passive health, with `pool::health`, the active
 //! checks, and `pool::resolve`, names asked again on an interval), its TLS material for peers (`peer_tls`)
-//! and its retry budget (`retry`). The proxy asks it for one thing per try: `peer()`.
+//! its retry budget (`retry`) and, with `adaptive`, its learnt concurrency limit (`adaptive`:
+//! the gradient controller and the admission by plan share). The proxy asks it for one thing
+//! per try: `peer()`.
 
 mod adaptive;
 mod peer_tls;
@@ -20,6 +22,7 @@ use crate::metrics::Metrics;
 use peer_tls::PeerTls;
 use retry::Budget;
 
+pub use adaptive::{Gate, Shed, Slot};
 pub use pool::{outcome, pools, Pool};
 pub use retry::Tries;
 
@@ -34,21 +37,38 @@ pub struct Upstream {
     tls: PeerTls,
     /// `retries`: its budget, `None` without.
     retries: Option<Arc<Budget>>,
+    /// `adaptive` (DESIGN §22): its learnt concurrency limit and admission, `None` without.
+    pub adaptive: Option<Arc<Gate>>,
 }
 
 impl Upstream {
     /// The upstreams of `config`, in `config.upstreams` order, over its `pools` (built
-    /// first, since resolving can fail); primes the retry series of each.
-    pub fn all(config: &Config, pools: Vec<Arc<Pool>>, metrics: &Metrics) -> Vec<Arc<Upstream>> {
+    /// first, since resolving can fail); primes the retry series of each. An adaptive
+    /// upstream of `previous` (the config before a reload) with the same name and numbers
+    /// keeps its gate: the learnt limit and the requests in flight carry over.
+    pub fn all(
+        config: &Config,
+        pools: Vec<Arc<Pool>>,
+        previous: &[Arc<Upstream>],
+        metrics: &Metrics,
+    ) -> Vec<Arc<Upstream>> {
         config
             .upstreams
             .iter()
             .zip(pools)
             .map(|(u, pool)| {
+                let adaptive = u.adaptive.as_ref().map(|a| {
+                    previous
+                        .iter()
+                        .filter(|p| p.config().name == u.name)
+                        .find_map(|p| p.adaptive.clone().filter(|g| g.config() == a))
+                        .unwrap_or_else(|| Gate::new(a))
+                });
                 Arc::new(Upstream {
                     pool,
                     tls: PeerTls::new(&u.tls_files),
                     retries: Budget::new(u, metrics).map(Arc::new),
+                    adaptive,
                 })
             })
             .collect()
@@ -94,10 +114,36 @@ impl Upstream {
 }
 
 /// Puts `new` (a config load) in service after `old`: the old pools stop checking and
-/// writing gauges, then the new ones start their health checks and re-resolving.
+/// writing gauges, then the new ones start their health checks and re-resolving; the
+/// adaptive series of upstreams no longer adaptive go.
 pub fn hand_over(old: &[Arc<Upstream>], new: &[Arc<Upstream>], metrics: &Metrics) {
     let pools = |u: &[Arc<Upstream>]| u.iter().map(|u| u.pool.clone()).collect::<Vec<_>>();
     let new_pools = pools(new);
     pool::hand_over(&pools(old), &new_pools, metrics);
     pool::start(&new_pools);
+    for gone in old.iter().filter(|o| o.adaptive.is_some()) {
+        let name = gone.config().name.as_str();
+        if !new.iter().any(|n| n.config().name == name && n.adaptive.is_some()) {
+            let _ = metrics.upstream_concurrency_limit.remove_label_values(&[name]);
+            let _ = metrics.upstream_in_flight.remove_label_values(&[name]);
+            let _ = metrics.upstream_latency_best.remove_label_values(&[name]);
+        }
+    }
+    publish_adaptive(new, metrics);
+}
+
+/// The adaptive upstreams' limit, requests in flight and best latency, into their gauges
+/// (at each scrape: nothing on the requests' path writes them).
+pub fn publish_adaptive(upstreams: &[Arc<Upstream>], metrics: &Metrics) {
+    for u in upstreams {
+        let Some(gate) = &u.adaptive else { continue };
+        let name = [u.config().name.as_str()];
+        let gauge = |g: &prometheus::IntGaugeVec, v: u64| {
+            g.with_label_values(&name).set(v as i64);
+        };
+        gauge(&metrics.upstream_concurrency_limit, gate.limit());
+        gauge(&metrics.upstream_in_flight, gate.in_flight());
+        let best = gate.best().map_or(0.0, |b| b.as_secs_f64());
+        metrics.upstream_latency_best.with_label_values(&name).set(best);
+    }
 }
