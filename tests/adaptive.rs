@@ -395,3 +395,131 @@ fn adaptive_keeps_the_upstreams_queue_short_sheds_the_smaller_share_first_and_re
         .metric("sluice_upstream_in_flight{upstream=\"slow\"}")
         == 0.0));
 }
+
+fn in_flight(s: &Sluice, upstream: &str) -> f64 {
+    s.metric(&format!("sluice_upstream_in_flight{{upstream=\"{upstream}\"}}"))
+}
+
+#[test]
+fn every_way_a_request_ends_gives_its_slot_back() {
+    let up = common::http::Scripted::start(|conn, req| match req.target.as_str() {
+        "/ws" => {
+            let head = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
+            if conn.write_all(head.as_bytes()).is_err() {
+                return false;
+            }
+            // Echoes until the client closes.
+            let mut buf = [0u8; 64];
+            while let Ok(n @ 1..) = conn.read(&mut buf) {
+                if conn.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            false
+        }
+        path => {
+            if path == "/slow" {
+                thread::sleep(Duration::from_millis(600));
+            }
+            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                .is_ok()
+        }
+    });
+    let gone = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let gone_addr = gone.local_addr().expect("addr");
+    drop(gone); // nothing listens there
+    let s = Sluice::start(&format!(
+        r#"
+[server]
+listen = ["{{listen}}"]
+access_log = "off"
+[admin]
+listen = "{{admin}}"
+[upstreams.up]
+servers = ["{}"]
+adaptive = {{}}
+[upstreams.gone]
+servers = ["{gone_addr}"]
+adaptive = {{}}
+[[routes]]
+name = "gone"
+path_prefix = "/gone"
+upstream = "gone"
+[[routes]]
+name = "all"
+path_prefix = "/"
+upstream = "up"
+"#,
+        up.addr
+    ));
+    assert_eq!(s.get("/ok").status, 200);
+    assert_eq!(s.get("/gone").status, 502, "{}", s.stderr());
+    assert_eq!((in_flight(&s, "up"), in_flight(&s, "gone")), (0.0, 0.0));
+
+    // A client that goes away while its request is at the upstream.
+    let mut c = TcpStream::connect(s.addr).expect("connect");
+    c.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    assert!(s.wait_for(Duration::from_secs(2), || in_flight(&s, "up") == 1.0));
+    drop(c);
+    assert!(s.wait_for(Duration::from_secs(3), || in_flight(&s, "up") == 0.0));
+
+    // A WebSocket session holds its slot while open.
+    let mut ws = TcpStream::connect(s.addr).expect("connect");
+    ws.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    ws.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .expect("handshake");
+    let mut reader = BufReader::new(ws.try_clone().expect("clone"));
+    let mut status = String::new();
+    reader.read_line(&mut status).expect("status line");
+    assert!(status.contains(" 101 "), "{status}");
+    let mut line = String::new();
+    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+        line.clear();
+    }
+    ws.write_all(b"ping").expect("send");
+    let mut echo = [0u8; 4];
+    reader.read_exact(&mut echo).expect("echo");
+    assert_eq!(&echo, b"ping");
+    assert_eq!(in_flight(&s, "up"), 1.0, "an open WebSocket counts");
+    drop(reader);
+    drop(ws);
+    assert!(
+        s.wait_for(Duration::from_secs(3), || in_flight(&s, "up") == 0.0),
+        "closed, its slot is back: {}",
+        in_flight(&s, "up")
+    );
+}
+
+#[test]
+fn a_reload_keeps_the_learnt_limit_unless_its_numbers_change() {
+    let up = common::http::Upstream::start("up");
+    let conf = |adaptive: &str, route: &str| {
+        format!(
+            "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\n[admin]\nlisten = \"{{admin}}\"\n\
+             [upstreams.up]\nservers = [\"{}\"]\nadaptive = {{ {adaptive} }}\n\
+             [[routes]]\nname = \"{route}\"\npath_prefix = \"/\"\nupstream = \"up\"\n",
+            up.addr
+        )
+    };
+    let s = Sluice::start(&conf("", "a"));
+    let limit = || s.metric("sluice_upstream_concurrency_limit{upstream=\"up\"}");
+    assert_eq!(limit(), 4.0, "the first window probes at min_limit");
+    // A second of requests: the probe ends, the limit moves off its initial 20.
+    let until = Instant::now() + Duration::from_millis(1200);
+    while Instant::now() < until {
+        assert_eq!(s.get("/").status, 200);
+    }
+    let learnt = limit();
+    assert!(learnt > 20.0, "fast answers raise the limit: {learnt}");
+    // Another route, the same numbers: the limit and the best latency carry over.
+    let reloads = || s.metric("sluice_config_reloads_total{result=\"success\"}");
+    s.reload(&conf("", "b"));
+    assert!(s.wait_for(Duration::from_secs(5), || reloads() == 1.0));
+    assert_eq!(limit(), learnt, "kept across a reload with the same numbers");
+    // New numbers: a new controller, which starts by probing.
+    s.reload(&conf("window = \"200ms\"", "c"));
+    assert!(s.wait_for(Duration::from_secs(5), || reloads() == 2.0));
+    assert_eq!(limit(), 4.0, "new numbers start again");
+}
