@@ -523,3 +523,44 @@ fn a_reload_keeps_the_learnt_limit_unless_its_numbers_change() {
     assert!(s.wait_for(Duration::from_secs(5), || reloads() == 2.0));
     assert_eq!(limit(), 4.0, "new numbers start again");
 }
+
+#[test]
+fn a_shed_request_is_503_with_retry_after_or_grpc_unavailable() {
+    let up = common::http::Scripted::start(|conn, req| {
+        if req.target == "/slow" {
+            thread::sleep(Duration::from_millis(1500));
+        }
+        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+            .is_ok()
+    });
+    let s = Sluice::start(&format!(
+        "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\n[admin]\nlisten = \"{{admin}}\"\n\
+         [upstreams.api]\nservers = [\"{}\"]\n\
+         adaptive = {{ min_limit = 1, max_limit = 1, queue = \"0s\" }}\n\
+         [[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"api\"\n",
+        up.addr
+    ));
+    let addr = s.addr;
+    let holder = thread::spawn(move || common::http::get(addr, "/slow", &[]).status);
+    assert!(s.wait_for(Duration::from_secs(2), || s
+        .metric("sluice_upstream_in_flight{upstream=\"api\"}")
+        == 1.0));
+    let r = s.get("/other");
+    assert_eq!(r.status, 503);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let body: serde_json::Value = serde_json::from_str(&r.body).expect("json");
+    assert_eq!(body["title"], "Service Unavailable");
+    assert_eq!(body["status"], 503);
+    let detail = body["detail"].as_str().unwrap_or("");
+    assert!(detail.contains("upstream \"api\" is overloaded"), "{detail}");
+    let grpc = s.get_with("/pkg.Svc/Call", &[("content-type", "application/grpc")]);
+    assert_eq!(grpc.status, 200);
+    assert_eq!(grpc.header("grpc-status"), Some("14"), "UNAVAILABLE");
+    assert!(grpc.header("grpc-message").is_some_and(|m| m.contains("overloaded")));
+    assert_eq!(holder.join().expect("holder"), 200, "the admitted one is served");
+    assert_eq!(
+        s.metric("sluice_shed_total{plan=\"anonymous\",upstream=\"api\"}"),
+        2.0
+    );
+}
