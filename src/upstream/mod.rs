@@ -129,6 +129,16 @@ pub fn hand_over(old: &[Arc<Upstream>], new: &[Arc<Upstream>], metrics: &Metrics
             let _ = metrics.upstream_latency_best.remove_label_values(&[name]);
         }
     }
+    for u in new {
+        if let Some(gate) = &u.adaptive {
+            // Every plan the config names, and `anonymous`, from load (at 0).
+            let name = u.config().name.as_str();
+            let plans = gate.config().shares.iter().map(|(plan, _)| plan.as_str());
+            for plan in plans.chain(["anonymous"]) {
+                metrics.shed.with_label_values(&[name, plan]);
+            }
+        }
+    }
     publish_adaptive(new, metrics);
 }
 
