@@ -65,7 +65,8 @@ impl Queueing {
     }
 
     fn set_service(&self, d: Duration) {
-        self.service_us.store(d.as_micros() as u64, Ordering::SeqCst);
+        self.service_us
+            .store(d.as_micros() as u64, Ordering::SeqCst);
     }
 
     /// The latencies since the last call.
@@ -108,7 +109,9 @@ fn serve(
 
 /// `adaptive`: the `[upstreams.slow.adaptive]` lines, or None for none.
 fn config(upstream: SocketAddr, adaptive: Option<&str>) -> String {
-    let adaptive = adaptive.map_or(String::new(), |a| format!("[upstreams.slow.adaptive]\n{a}\n"));
+    let adaptive = adaptive.map_or(String::new(), |a| {
+        format!("[upstreams.slow.adaptive]\n{a}\n")
+    });
     format!(
         r#"
 [server]
@@ -305,7 +308,10 @@ fn without_adaptive_the_upstreams_queue_grows() {
     let (ok, shed, other) = tally.counts();
     eprintln!("without adaptive: upstream median {m:?}; ok {ok}, shed {shed}, other {other}");
     assert_eq!(shed, 0, "nothing is shed without adaptive");
-    assert!(m >= SERVICE * 4, "64 clients on 8 workers queue: median {m:?}");
+    assert!(
+        m >= SERVICE * 4,
+        "64 clients on 8 workers queue: median {m:?}"
+    );
     assert!(!s.metrics().contains("sluice_upstream_concurrency_limit{"));
 }
 
@@ -341,16 +347,21 @@ fn adaptive_keeps_the_upstreams_queue_short_sheds_the_smaller_share_first_and_re
         "adaptive: best {best}; upstream median {m:?}; limit median {settled}, {within}/{} in 6-24: {limits:?}; ok {ok}, shed {shed}, other {other}",
         limits.len()
     );
-    assert!(m <= SERVICE * 2, "the upstream's queue stays short: median {m:?}");
+    assert!(
+        m <= SERVICE * 2,
+        "the upstream's queue stays short: median {m:?}"
+    );
     assert!((6.0..=24.0).contains(&settled), "{limits:?}");
     assert!(within * 10 >= limits.len() * 7, "{limits:?}");
-    assert!(shed > 0, "64 clients are more than the limit: some are shed");
+    assert!(
+        shed > 0,
+        "64 clients are more than the limit: some are shed"
+    );
     assert_eq!(other, 0, "every answer is 200 or 503");
     assert!((0.019..0.040).contains(&best), "best latency {best}");
     // A shed request is no decision and charges nothing: every decision is an answer.
-    let decided = s.metric(
-        "sluice_decisions_total{decision=\"allowed\",policy=\"per_ip\",route=\"all\"}",
-    );
+    let decided =
+        s.metric("sluice_decisions_total{decision=\"allowed\",policy=\"per_ip\",route=\"all\"}");
     assert_eq!(decided as u64, ok, "decisions: admitted requests only");
     assert_eq!(
         s.metric("sluice_shed_total{plan=\"anonymous\",upstream=\"slow\"}") as u64,
@@ -372,7 +383,10 @@ fn adaptive_keeps_the_upstreams_queue_short_sheds_the_smaller_share_first_and_re
     thread::sleep(Duration::from_secs(5));
     let (g, f) = (gold.counts(), free.counts());
     eprintln!("shares: gold ok/shed/other {g:?}, free {f:?}");
-    assert!(g.0 * 100 >= (g.0 + g.1 + g.2) * 99, "gold keeps >= 99%: {g:?}");
+    assert!(
+        g.0 * 100 >= (g.0 + g.1 + g.2) * 99,
+        "gold keeps >= 99%: {g:?}"
+    );
     assert!(f.1 * 10 >= f.0 + f.1, "free is shed: {f:?}");
     assert!(s.metric("sluice_shed_total{plan=\"free\",upstream=\"slow\"}") >= f.1 as f64);
 
@@ -387,7 +401,10 @@ fn adaptive_keeps_the_upstreams_queue_short_sheds_the_smaller_share_first_and_re
     let back = s.wait_for(Duration::from_secs(5), || limit(&s) > settled);
     let took = recovered.elapsed();
     stop_all(&stop, handles);
-    eprintln!("recovery: limit {} after {took:?} (settled at {settled})", limit(&s));
+    eprintln!(
+        "recovery: limit {} after {took:?} (settled at {settled})",
+        limit(&s)
+    );
     assert!(back, "the limit climbs back within 5 s: {}", limit(&s));
 
     // Every slot came back once the clients stopped.
@@ -397,7 +414,9 @@ fn adaptive_keeps_the_upstreams_queue_short_sheds_the_smaller_share_first_and_re
 }
 
 fn in_flight(s: &Sluice, upstream: &str) -> f64 {
-    s.metric(&format!("sluice_upstream_in_flight{{upstream=\"{upstream}\"}}"))
+    s.metric(&format!(
+        "sluice_upstream_in_flight{{upstream=\"{upstream}\"}}"
+    ))
 }
 
 #[test]
@@ -458,14 +477,16 @@ upstream = "up"
 
     // A client that goes away while its request is at the upstream.
     let mut c = TcpStream::connect(s.addr).expect("connect");
-    c.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    c.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("send");
     assert!(s.wait_for(Duration::from_secs(2), || in_flight(&s, "up") == 1.0));
     drop(c);
     assert!(s.wait_for(Duration::from_secs(3), || in_flight(&s, "up") == 0.0));
 
     // A WebSocket session holds its slot while open.
     let mut ws = TcpStream::connect(s.addr).expect("connect");
-    ws.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    ws.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
     ws.write_all(
         b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
     )
@@ -517,7 +538,11 @@ fn a_reload_keeps_the_learnt_limit_unless_its_numbers_change() {
     let reloads = || s.metric("sluice_config_reloads_total{result=\"success\"}");
     s.reload(&conf("", "b"));
     assert!(s.wait_for(Duration::from_secs(5), || reloads() == 1.0));
-    assert_eq!(limit(), learnt, "kept across a reload with the same numbers");
+    assert_eq!(
+        limit(),
+        learnt,
+        "kept across a reload with the same numbers"
+    );
     // New numbers: a new controller, which starts by probing.
     s.reload(&conf("window = \"200ms\"", "c"));
     assert!(s.wait_for(Duration::from_secs(5), || reloads() == 2.0));
@@ -553,12 +578,21 @@ fn a_shed_request_is_503_with_retry_after_or_grpc_unavailable() {
     assert_eq!(body["title"], "Service Unavailable");
     assert_eq!(body["status"], 503);
     let detail = body["detail"].as_str().unwrap_or("");
-    assert!(detail.contains("upstream \"api\" is overloaded"), "{detail}");
+    assert!(
+        detail.contains("upstream \"api\" is overloaded"),
+        "{detail}"
+    );
     let grpc = s.get_with("/pkg.Svc/Call", &[("content-type", "application/grpc")]);
     assert_eq!(grpc.status, 200);
     assert_eq!(grpc.header("grpc-status"), Some("14"), "UNAVAILABLE");
-    assert!(grpc.header("grpc-message").is_some_and(|m| m.contains("overloaded")));
-    assert_eq!(holder.join().expect("holder"), 200, "the admitted one is served");
+    assert!(grpc
+        .header("grpc-message")
+        .is_some_and(|m| m.contains("overloaded")));
+    assert_eq!(
+        holder.join().expect("holder"),
+        200,
+        "the admitted one is served"
+    );
     assert_eq!(
         s.metric("sluice_shed_total{plan=\"anonymous\",upstream=\"api\"}"),
         2.0

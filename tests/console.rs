@@ -320,7 +320,10 @@ fn the_page_is_served_under_its_policy_and_holds_no_data_without_the_token() {
         "(() => { const r = document.querySelector('#adaptive-table tbody tr'); return r && r.cells.length === 6 ? [...r.cells].map((c) => c.textContent) : null; })()",
     );
     assert_eq!(adaptive[0], serde_json::json!("up"), "{adaptive}");
-    let limit: u64 = adaptive[1].as_str().and_then(|l| l.parse().ok()).unwrap_or(0);
+    let limit: u64 = adaptive[1]
+        .as_str()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
     assert!((50..=100).contains(&limit), "{adaptive}");
     assert_eq!(adaptive[2], serde_json::json!("0"), "{adaptive}");
     assert_eq!(adaptive[5], serde_json::json!("50–100"), "{adaptive}");

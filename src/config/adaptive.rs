@@ -96,7 +96,10 @@ pub(super) fn adaptive(p: &Problems, upstream: &str, node: &Spanned<Node>) -> Op
     };
     let window = t.duration("window");
     if let Some(w) = window.as_ref().filter(|w| w.value < MIN_WINDOW) {
-        p.at(&w.span, "`window` must be at least 10ms (an update needs 10 samples)");
+        p.at(
+            &w.span,
+            "`window` must be at least 10ms (an update needs 10 samples)",
+        );
     }
     let tolerance = t.number("tolerance");
     if let Some(tol) = tolerance
@@ -105,7 +108,10 @@ pub(super) fn adaptive(p: &Problems, upstream: &str, node: &Spanned<Node>) -> Op
     {
         p.at(
             &tol.span,
-            format!("`tolerance` must be at least 1 (a multiple of the best latency), found {}", tol.value),
+            format!(
+                "`tolerance` must be at least 1 (a multiple of the best latency), found {}",
+                tol.value
+            ),
         );
     }
     let window = window.map_or(d.window, |w| w.value);
@@ -148,7 +154,11 @@ fn shares(p: &Problems, node: &Spanned<Node>) -> Vec<(String, f64)> {
             ref other => {
                 p.at(
                     &value.span,
-                    format!("share of plan \"{}\" must be a number, found {}", plan.value, other.kind()),
+                    format!(
+                        "share of plan \"{}\" must be a number, found {}",
+                        plan.value,
+                        other.kind()
+                    ),
                 );
                 continue;
             }
@@ -199,6 +209,9 @@ mod tests {
         assert_eq!(a.tolerance, 2.0);
         assert_eq!(a.window, Duration::from_millis(100));
         assert!(a.queue.is_zero());
-        assert_eq!((a.share("gold"), a.share("free"), a.share("pro")), (1.0, 0.6, 1.0));
+        assert_eq!(
+            (a.share("gold"), a.share("free"), a.share("pro")),
+            (1.0, 0.6, 1.0)
+        );
     }
 }

@@ -525,7 +525,11 @@ mod tests {
             let before = self.limits.iter().rev().find(|(t, _)| *t <= from_us);
             before
                 .into_iter()
-                .chain(self.limits.iter().filter(|(t, _)| (from_us..to_us).contains(t)))
+                .chain(
+                    self.limits
+                        .iter()
+                        .filter(|(t, _)| (from_us..to_us).contains(t)),
+                )
                 .map(|(_, l)| *l)
                 .collect()
         }
@@ -561,16 +565,24 @@ mod tests {
     #[test]
     fn the_controller_follows_the_gradient_and_its_bounds() {
         let mut c = Controller::new(&config(4, 100), 7);
-        assert_eq!((c.limit(), c.probing()), (4, true), "starts by probing at min_limit");
+        assert_eq!(
+            (c.limit(), c.probing()),
+            (4, true),
+            "starts by probing at min_limit"
+        );
         assert!(!c.window_ended(250_000, None), "no samples: still probing");
         assert_eq!(c.limit(), 4);
         c.window_ended(500_000, Some(20_000));
-        assert_eq!((c.limit(), c.best_us()), (20, Some(20_000)), "back to initial_limit");
+        assert_eq!(
+            (c.limit(), c.best_us()),
+            (20, Some(20_000)),
+            "back to initial_limit"
+        );
         // p90 at the best: gradient 1.5, 20 x 1.5 + sqrt(20).
         c.window_ended(750_000, Some(20_000));
         assert_eq!(c.limit(), (20.0 * 1.5 + 20f64.sqrt()).round() as u64);
         // Far slower: the gradient's floor halves it (plus headroom).
-        let before = c.limit as f64;
+        let before = c.limit;
         c.window_ended(1_000_000, Some(2_000_000));
         assert_eq!(c.limit(), (before * 0.5 + before.sqrt()).round() as u64);
         // Far faster: doubled, up to max_limit.
@@ -602,7 +614,10 @@ mod tests {
         }
         let gaps: Vec<u64> = starts.windows(2).map(|w| w[1] - w[0]).collect();
         // 30 s, +0..10%, +1 window for the probe itself, to the next window's end.
-        assert!(gaps.iter().all(|g| (30_250_000..=33_500_000).contains(g)), "{gaps:?}");
+        assert!(
+            gaps.iter().all(|g| (30_250_000..=33_500_000).contains(g)),
+            "{gaps:?}"
+        );
         assert!(gaps.iter().any(|g| *g != gaps[0]), "jittered: {gaps:?}");
     }
 
@@ -618,7 +633,10 @@ mod tests {
         assert!(settled.iter().all(|l| (6..=24).contains(l)), "{settled:?}");
         let median = sim.median_latency_since(1000);
         eprintln!("median upstream latency {median} us");
-        assert!(median <= 45 * MS, "the upstream's queue stays short: {median} us");
+        assert!(
+            median <= 45 * MS,
+            "the upstream's queue stays short: {median} us"
+        );
 
         // The upstream slows to 60 ms a request: within 3 windows the limit falls.
         let before = sim.gate.limit();
@@ -684,7 +702,13 @@ mod tests {
         drop(slot);
         cfg.queue = Duration::ZERO;
         let no_wait = Arc::new(Gate::with_seed(&cfg, 5));
-        let _full: Vec<Slot> = (0..4).map(|_| no_wait.try_admit(1.0).expect("free")).collect();
-        assert_eq!(no_wait.admit(1.0).await.err(), Some(Shed), "queue = 0: shed at once");
+        let _full: Vec<Slot> = (0..4)
+            .map(|_| no_wait.try_admit(1.0).expect("free"))
+            .collect();
+        assert_eq!(
+            no_wait.admit(1.0).await.err(),
+            Some(Shed),
+            "queue = 0: shed at once"
+        );
     }
 }

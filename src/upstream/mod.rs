@@ -123,8 +123,13 @@ pub fn hand_over(old: &[Arc<Upstream>], new: &[Arc<Upstream>], metrics: &Metrics
     pool::start(&new_pools);
     for gone in old.iter().filter(|o| o.adaptive.is_some()) {
         let name = gone.config().name.as_str();
-        if !new.iter().any(|n| n.config().name == name && n.adaptive.is_some()) {
-            let _ = metrics.upstream_concurrency_limit.remove_label_values(&[name]);
+        if !new
+            .iter()
+            .any(|n| n.config().name == name && n.adaptive.is_some())
+        {
+            let _ = metrics
+                .upstream_concurrency_limit
+                .remove_label_values(&[name]);
             let _ = metrics.upstream_in_flight.remove_label_values(&[name]);
             let _ = metrics.upstream_latency_best.remove_label_values(&[name]);
         }
@@ -154,6 +159,9 @@ pub fn publish_adaptive(upstreams: &[Arc<Upstream>], metrics: &Metrics) {
         gauge(&metrics.upstream_concurrency_limit, gate.limit());
         gauge(&metrics.upstream_in_flight, gate.in_flight());
         let best = gate.best().map_or(0.0, |b| b.as_secs_f64());
-        metrics.upstream_latency_best.with_label_values(&name).set(best);
+        metrics
+            .upstream_latency_best
+            .with_label_values(&name)
+            .set(best);
     }
 }
