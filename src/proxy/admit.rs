@@ -1,5 +1,6 @@
 //! Admission: the steps a request passes before it is forwarded (client, deny, normalise,
-//! route, body size, auth, body, limits, the route's own answer); each refuses or goes on.
+//! route, body size, auth, body, shed (an adaptive upstream's slot), limits, the route's own
+//! answer); each refuses or goes on.
 //! Owns the `route`, `client` and `limits` groups of the per-request context.
 
 use std::borrow::Cow;
