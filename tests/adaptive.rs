@@ -598,3 +598,61 @@ fn a_shed_request_is_503_with_retry_after_or_grpc_unavailable() {
         2.0
     );
 }
+
+#[test]
+fn a_retry_runs_in_its_requests_slot_and_a_shed_request_is_never_retried() {
+    use common::http::Scripted;
+    let bad = Scripted::start(|conn, _| {
+        conn.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\n\r\ndown\n")
+            .is_ok()
+    });
+    let good = Scripted::start(|conn, req| {
+        if req.target == "/slow" {
+            thread::sleep(Duration::from_millis(1500));
+        }
+        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+            .is_ok()
+    });
+    // One slot, no wait: a retry that needed a slot of its own could never run.
+    let s = Sluice::start(&format!(
+        "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\n[admin]\nlisten = \"{{admin}}\"\n\
+         [upstreams.api]\nservers = [\"{}\", \"{}\"]\n\
+         retries = {{ attempts = 1, on = [\"503\"] }}\n\
+         adaptive = {{ min_limit = 1, max_limit = 1, queue = \"0s\" }}\n\
+         [[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"api\"\n",
+        bad.addr, good.addr
+    ));
+    let retries = || s.metric("sluice_upstream_retries_total{reason=\"503\",upstream=\"api\"}");
+    for i in 0..4 {
+        let r = s.get(&format!("/x{i}"));
+        assert_eq!(r.status, 200, "{i}: {}", r.body);
+    }
+    assert!(
+        retries() >= 1.0,
+        "some went to the 503 server first and were retried"
+    );
+    assert_eq!(
+        s.metric("sluice_shed_total{plan=\"anonymous\",upstream=\"api\"}"),
+        0.0
+    );
+    // The one slot held at the good server: a second request is shed, and reaches no server.
+    let addr = s.addr;
+    let good_before = good.hits();
+    let holder = thread::spawn(move || common::http::get(addr, "/slow", &[]).status);
+    assert!(s.wait_for(Duration::from_secs(3), || good.hits() > good_before));
+    let (hits, retried) = (bad.hits() + good.hits(), retries());
+    let r = s.get("/y");
+    assert_eq!(r.status, 503);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(
+        bad.hits() + good.hits(),
+        hits,
+        "a shed request reaches no server"
+    );
+    assert_eq!(retries(), retried, "nor is it retried");
+    assert_eq!(holder.join().expect("holder"), 200);
+    assert_eq!(
+        s.metric("sluice_shed_total{plan=\"anonymous\",upstream=\"api\"}"),
+        1.0
+    );
+}
