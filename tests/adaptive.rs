@@ -13,6 +13,8 @@
 //! lie in 6–24 and their median does; recovery is read as the limit, held down by a
 //! slowdown, passing the median it had settled at.
 //!
+//! `probe_every = "60s"` keeps the one probe at start inside the test's 25 s (a probe drops
+//! the limit to min_limit for a window: gold's 8 clients would wait on 4 slots).
 //! `tolerance = 1.2` here, not the default 1.5: at equilibrium the controller keeps
 //! tolerance x capacity + sqrt(limit) requests at the upstream, which with 1.5 and 8
 //! workers is 16.4 requests, a median of 2.05 x 20 ms, on the edge of §22's "within 2x"
@@ -321,7 +323,7 @@ fn adaptive_keeps_the_upstreams_queue_short_sheds_the_smaller_share_first_and_re
     let up = Queueing::start(WORKERS, SERVICE);
     let s = Sluice::start(&config(
         up.addr,
-        Some("tolerance = 1.2\nshares = { gold = 1.0, free = 0.6 }"),
+        Some("tolerance = 1.2\nprobe_every = \"60s\"\nshares = { gold = 1.0, free = 0.6 }"),
     ));
     // 0. Light load while the first window at min_limit measures the best latency.
     let (stop, anon) = (Arc::new(AtomicBool::new(false)), Arc::new(Tally::default()));
