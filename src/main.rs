@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice::cli::{Cli, Command};
+use sluice::cli::{AdminCall, Cli, Command};
 use sluice::config;
 
 /// mimalloc rather than glibc's malloc: Pingora allocates and frees buffers and boxed
@@ -13,6 +13,25 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Admin {
+        call: AdminCall::Token { file },
+        ..
+    } = &cli.command
+    {
+        return match sluice::cli::admin::write_token(file) {
+            Ok(()) => {
+                println!(
+                    "{}: a new admin token, readable by its owner only",
+                    file.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluice admin token: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let (Command::Run { config: path }
     | Command::Check { config: path }
     | Command::Admin { config: path, .. }) = &cli.command;
@@ -52,7 +71,7 @@ fn main() -> ExitCode {
 }
 
 /// `sluice admin …`: the answer's body on stdout; exit 1 with it on stderr if the call failed.
-fn admin(config: &config::Config, call: &sluice::cli::AdminCall) -> ExitCode {
+fn admin(config: &config::Config, call: &AdminCall) -> ExitCode {
     match sluice::cli::admin::call(&config.admin, call) {
         Ok(answer) if (200..300).contains(&answer.status) => {
             if !answer.body.is_empty() {

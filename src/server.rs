@@ -1,6 +1,6 @@
 //! Starting sluice: the I/O runtime, the Pingora services, reloads and draining shutdown.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -51,6 +51,16 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
         config_path,
         in_flight: AtomicUsize::new(0),
     });
+    io.spawn(start_upstreams_when_listening(
+        app.current.load_full(),
+        config
+            .server
+            .listen
+            .iter()
+            .chain([&config.admin.listen])
+            .copied()
+            .collect(),
+    ));
     let mut hangups = io.block_on(async { signal(SignalKind::hangup()) })?;
     let reloader = app.clone();
     io.spawn(async move {
@@ -152,6 +162,30 @@ pub fn run(config_path: PathBuf, config: Config) -> anyhow::Result<()> {
     });
     drop(io);
     Ok(())
+}
+
+/// Starts the first config's health checks once sluice's own cleartext listeners accept
+/// (Pingora binds them in `server.run`), at most 2 s after start: an upstream may be sluice
+/// itself, as the quick start's is its admin listener, and its first check must not fail.
+async fn start_upstreams_when_listening(first: Arc<Gateway>, own: Vec<SocketAddr>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    for addr in own {
+        let addr = match addr.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => {
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
+            }
+            IpAddr::V6(ip) if ip.is_unspecified() => {
+                SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())
+            }
+            _ => addr,
+        };
+        while tokio::net::TcpStream::connect(addr).await.is_err()
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    crate::upstream::start(&first.upstreams);
 }
 
 /// Fails when another process already listens on one of `addrs`. The workers' sockets share

@@ -1552,6 +1552,45 @@ fn a_claim_keys_a_policy() {
     );
 }
 
+/// A key of two parts cannot be imitated by values that carry the separator (DESIGN §21):
+/// `team = "a\0b", org = "c"` and `team = "a", org = "b\0c"` are two keys, not one, so a
+/// token whose claims a client's own identity provider lets it write cannot spend (or
+/// escape into) another tenant's count.
+#[test]
+fn claims_that_carry_a_nul_do_not_imitate_another_key() {
+    let up = EchoUpstream::start();
+    let dir = TempDir::new();
+    let es = Signer::es256("es-1");
+    let auth = format!("[auth]\n{}", jwks_file_issuer(&dir, &[&es], &["ES256"], ""));
+    let policies = policy(
+        "per_team_org",
+        "fixed_window",
+        2,
+        "1h",
+        "\"claim:team\", \"claim:org\"",
+        "",
+    );
+    let conf = Conf {
+        policies: &policies,
+        api: "\"per_team_org\"",
+        ..Conf::new(&up, &auth)
+    };
+    let s = conf.start();
+    let token = |sub: &str, team: &str, org: &str| {
+        bearer(&good(&es, sub, json!({"team": team, "org": org})))
+    };
+    let (a, b) = (token("a", "a\0b", "c"), token("b", "a", "b\0c"));
+    for _ in 0..2 {
+        assert_eq!(s.get_with("/api/x", &[("Authorization", &a)]).status, 200);
+    }
+    assert_eq!(s.get_with("/api/x", &[("Authorization", &a)]).status, 429);
+    assert_eq!(
+        s.get_with("/api/x", &[("Authorization", &b)]).status,
+        200,
+        "the other key's count is its own"
+    );
+}
+
 /// `sluice admin …` with the config file: create a runtime consumer with a plan, a key for
 /// it (shown once), list consumers, revoke the key, delete the consumer.
 #[test]

@@ -36,6 +36,9 @@ const CASES: &[(&str, &[&str])] = &[
             "46:18: `usage`: unknown value \"mistral\" (expected one of: openai, anthropic, gemini)",
             "54:1: `max_reserve` 10 can never be admitted: it exceeds `burst` (5)",
             "61:1: `max_reserve` 4096 (its default) can never be admitted: it exceeds `burst` (5)",
+            "67:38: `weights` weighs Anthropic's prompt-cache tokens: it takes `usage = \"anthropic\"`",
+            "73:56: `cache_read` must be a number from 0 to 1000, found -1",
+            "73:80: unknown key `cache` in `weights`",
         ],
     ),
     (

@@ -28,6 +28,10 @@ use common::Sluice;
 ///   body ends (an upstream slow to end a stream the client has already read whole);
 /// - `x-fail: 1`: a 503 with an error body and no usage.
 ///
+/// It honours the body's output bound and `n` as the real ones do: no more output than
+/// `n` x the bound (`max_completion_tokens`, `max_tokens`, `max_output_tokens`,
+/// `generationConfig.maxOutputTokens`), and says which bound it read in `x-bound`.
+///
 /// Every whole answer says what body it got: `x-body-sum`, the sum of its bytes.
 fn llm() -> Scripted {
     Scripted::start(answer)
@@ -48,6 +52,10 @@ fn answer(conn: &mut TcpStream, req: &Request) -> bool {
         return conn.write_all(resp.as_bytes()).is_ok();
     }
     let (input, output) = (tokens / 4, tokens - tokens / 4);
+    let (bound, n) = bound_and_n(&req.body);
+    let output = bound.map_or(output, |b| output.min(b * n));
+    let tokens = input + output;
+    let bound = bound.map_or("none".to_owned(), |b| b.to_string());
     let cached: u64 = req.header("x-cached").map_or(0, |c| c.parse().unwrap());
     let cache = format!(
         "\"cache_creation_input_tokens\":{},\"cache_read_input_tokens\":{},",
@@ -72,7 +80,7 @@ fn answer(conn: &mut TcpStream, req: &Request) -> bool {
             ),
         };
         let resp = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nx-body-sum: {sum}\r\nContent-Length: {}\r\n\r\n{whole}",
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nx-body-sum: {sum}\r\nx-bound: {bound}\r\nContent-Length: {}\r\n\r\n{whole}",
             whole.len()
         );
         return conn.write_all(resp.as_bytes()).is_ok();
@@ -147,6 +155,24 @@ fn answer(conn: &mut TcpStream, req: &Request) -> bool {
     conn.write_all(b"0\r\n\r\n").is_ok()
 }
 
+/// The output bound a request's JSON body sets, in any format's field, and its `n`.
+fn bound_and_n(body: &[u8]) -> (Option<u64>, u64) {
+    let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let bound = [
+        "/max_completion_tokens",
+        "/max_tokens",
+        "/max_output_tokens",
+        "/generationConfig/maxOutputTokens",
+    ]
+    .iter()
+    .find_map(|p| json.pointer(p).and_then(serde_json::Value::as_u64));
+    let n = json
+        .get("n")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(1);
+    (bound, n)
+}
+
 fn body_sum(body: &[u8]) -> u64 {
     body.iter().map(|&b| b as u64).sum()
 }
@@ -163,6 +189,13 @@ fn config(upstream: SocketAddr, backend: &str) -> String {
         "[policies.bounded_tokens]\nalgorithm = \"token_bucket\"\nlimit = 1000\nperiod = \"1h\"\n\
          key = [\"header:x-customer\"]\ncost = { usage = \"openai\" }\nreserve = \"request\"\nmax_reserve = 500\n\
          [[routes]]\nname = \"bounded\"\npath_prefix = \"/bounded\"\nupstream = \"llm\"\npolicies = [\"bounded_tokens\"]\n",
+    );
+    // Anthropic's cache tokens weighed (DESIGN §21).
+    c.push_str(
+        "[policies.weighted_tokens]\nalgorithm = \"token_bucket\"\nlimit = 100000\nperiod = \"1h\"\n\
+         key = [\"header:x-customer\"]\n\
+         cost = { usage = \"anthropic\", weights = { cache_read = 0.1, cache_write = 1.25 } }\n\
+         [[routes]]\nname = \"weighted\"\npath_prefix = \"/weighted\"\nupstream = \"llm\"\npolicies = [\"weighted_tokens\"]\n",
     );
     for format in ["openai", "anthropic", "gemini"] {
         c.push_str(&format!(
@@ -312,6 +345,18 @@ fn anthropic_cached_prompt_tokens_are_charged() {
         &[("x-tokens", "1")],
     );
     assert_eq!(r.status, 429, "{}", r.body);
+    // Weighed: 300 read from the cache at 0.1 and 300 written at 1.25, rounded up, plus
+    // the 100 uncached tokens.
+    let headers = [("x-tokens", "100"), ("x-cached", "600")];
+    for stream in [false, true] {
+        let path = format!("/weighted{}", path("anthropic", stream));
+        let r = chat(s.addr, &path, "acme", stream, &headers);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let charged =
+        "sluice_policy_units_total{kind=\"charged\",policy=\"weighted_tokens\",route=\"weighted\"}";
+    assert!(s.wait_for(Duration::from_secs(5), || s.metric(charged) >= 1010.0));
+    assert_eq!(s.metric(charged), 2.0 * (100.0 + 30.0 + 375.0));
 }
 
 #[test]
@@ -550,10 +595,15 @@ fn reserve_request_holds_the_bodys_own_bound_and_sends_the_body_on_unchanged() {
         s.metric("sluice_policy_units_total{kind=\"charged\",policy=\"bounded_tokens\",route=\"bounded\"}")
             == 30.0
     }));
-    // No output bound in the body: max_reserve (500) is held.
-    let r = send(r#"{"model":"m","messages":[]}"#, "20");
+    // No output bound in the body: max_reserve (500) is written into it as its bound.
+    let unbounded = r#"{"model":"m","messages":[]}"#;
+    let r = send(unbounded, "20");
     assert_eq!(r.status, 200);
-    assert_eq!(remaining(&r), 1000 - 30 - 500);
+    assert_eq!(
+        remaining(&r),
+        1000 - 30 - (unbounded.len() as u64 / 4 + 500)
+    );
+    assert_eq!(r.header("x-bound"), Some("500"));
     // A body over 1 MiB is refused before anything is charged or sent.
     let hits = llm.hits();
     // (Its head and first bytes: sluice answers without reading the rest.)
@@ -572,6 +622,48 @@ fn reserve_request_holds_the_bodys_own_bound_and_sends_the_body_on_unchanged() {
     }));
     let r = send(r#"{"model":"m","max_tokens":960,"messages":[]}"#, "1");
     assert_eq!(r.status, 429, "{}", r.body);
+}
+
+/// The bound held is the bound the upstream gets (DESIGN §21): a request that sets none is
+/// sent with `max_reserve` as its output bound, so an upstream that would write 5,000
+/// tokens writes no more than was held; one whose length is unknown before it ends cannot
+/// be bounded before it is sent, and is refused with 411 before the upstream.
+#[test]
+fn a_request_without_a_bound_is_sent_with_the_one_it_holds() {
+    let llm = llm();
+    let s = Sluice::start(&config(llm.addr, "backend = \"memory\""));
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"write a lot"}]}"#;
+    let headers = [
+        ("x-customer", "acme"),
+        ("content-type", "application/json"),
+        ("x-tokens", "5000"),
+    ];
+    let path = "/bounded/openai/v1/chat/completions";
+    let r = http::request(s.addr, "POST", path, &headers, body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let held = body.len() as u64 / 4 + 500;
+    assert_eq!(remaining(&r), 1000 - held);
+    assert_eq!(r.header("x-bound"), Some("500"), "the bound written");
+    let charged =
+        "sluice_policy_units_total{kind=\"charged\",policy=\"bounded_tokens\",route=\"bounded\"}";
+    assert!(s.wait_for(Duration::from_secs(5), || s.metric(charged) > 0.0));
+    // The upstream wrote what the bound allowed: 1,250 input + 500, not 5,000.
+    assert_eq!(s.metric(charged), 1250.0 + 500.0);
+    // Two answers of up to 500 each: 1,000 and more held, past what is left.
+    let two = r#"{"model":"m","n":2,"messages":[]}"#;
+    let r = http::request(s.addr, "POST", path, &headers, two);
+    assert_eq!(r.status, 429, "{}", r.body);
+    // A body whose length is known only at its end is refused before the upstream.
+    let hits = llm.hits();
+    let raw = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nx-customer: acme\r\nx-tokens: 1\r\n\
+         Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    let r = http::parse(&http::send_raw(s.addr, raw.as_bytes()).unwrap());
+    assert_eq!(r.status, 411, "{}", r.body);
+    assert!(r.body.contains("Content-Length"), "{}", r.body);
+    assert_eq!(llm.hits(), hits);
 }
 
 /// Every output the request asks for is held (DESIGN §21): `n`, `best_of` and Gemini's

@@ -656,11 +656,7 @@ fn bodies_that_need_nothing_added_reach_the_upstream_byte_for_byte() {
 #[test]
 fn an_empty_chunked_body_reaches_the_upstream_with_one_last_chunk() {
     let Setup { llm, s, _dir } = setup();
-    for (path, chunks) in [
-        (CHAT, "0\r\n\r\n"),
-        ("/bounded/x", "0\r\n\r\n"),
-        (CHAT, "2\r\n{}\r\n0\r\n\r\n"),
-    ] {
+    for (path, chunks) in [(CHAT, "0\r\n\r\n"), (CHAT, "2\r\n{}\r\n0\r\n\r\n")] {
         let before = llm.seen().len();
         let raw = format!(
             "POST {path} HTTP/1.1\r\nHost: llm.example\r\nx-customer: acme\r\nx-tokens: 1\r\n\
@@ -679,6 +675,12 @@ fn an_empty_chunked_body_reaches_the_upstream_with_one_last_chunk() {
             &seen[before..]
         );
     }
+    // Where the body's bound is reserved, one of unknown length is refused (DESIGN §21).
+    let before = llm.seen().len();
+    let raw = "POST /bounded/x HTTP/1.1\r\nHost: llm.example\r\nx-customer: acme\r\n\
+               Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n";
+    assert_eq!(exchange(s.addr, raw.as_bytes()).status, 411);
+    assert_eq!(llm.seen().len(), before);
 }
 
 #[test]

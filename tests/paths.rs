@@ -317,16 +317,19 @@ fn http2_requests_are_normalised_alike() {
 
 /// How the most lenient upstreams read a path (DESIGN §21): Node's URL parser, browsers and
 /// IIS take `\` for `/`; servlet containers drop each segment's `;parameters` and then the
-/// dot segments, before they map the path.
+/// dot segments and repeated slashes, before they map the path.
 fn lenient_reading(path: &str) -> String {
     let mut out: Vec<&str> = Vec::new();
     let slashed = path.replace('\\', "/");
-    for segment in slashed.split('/').skip(1) {
+    let segments: Vec<&str> = slashed.split('/').skip(1).collect();
+    for (i, segment) in segments.iter().enumerate() {
         match segment.split(';').next().unwrap_or_default() {
             "." => {}
             ".." => {
                 out.pop();
             }
+            // Repeated slashes are one (Tomcat), but a trailing one stays.
+            "" if i + 1 < segments.len() => {}
             s => out.push(s),
         }
     }
@@ -366,6 +369,7 @@ fn path_parameters_do_not_walk_past_a_route() {
         "/static/..;/v1/x",
         "/v1;a=1/./x;b",
         "/open/..;/..;/v1/x",
+        "/;/v1/x",
     ];
     for target in targets {
         assert!(lenient_reading(target).starts_with("/v1/"), "{target}");
@@ -436,4 +440,88 @@ fn case_insensitive_paths_match_routes_in_any_case() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(upstream_target(&r), "/V1/X");
     assert_eq!(up.hits(), 2);
+}
+
+/// A real Node.js HTTP server as the upstream (DESIGN §21): it answers with the path as
+/// Node's WHATWG URL parser reads it (`x-node-path`: `\` is `/`) and as a servlet container
+/// maps it (`x-servlet-path`: each segment's `;parameters` dropped, then dot segments).
+struct NodeUpstream {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+const NODE_SERVER: &str = r#"
+const http = require('http');
+const servlet = (p) => {
+  const out = [];
+  for (const seg of p.split('/').slice(1)) {
+    const name = seg.split(';')[0];
+    if (name === '..') out.pop(); else if (name !== '.' && name !== '') out.push(name);
+  }
+  return '/' + out.join('/');
+};
+const server = http.createServer((req, res) => {
+  const node = new URL(req.url, 'http://upstream').pathname;
+  res.writeHead(200, {'x-node-path': node, 'x-servlet-path': servlet(req.url.split('?')[0]),
+                      'content-type': 'text/plain'});
+  res.end('node\n');
+});
+server.listen(0, '127.0.0.1', () => console.log(server.address().port));
+"#;
+
+impl NodeUpstream {
+    fn start() -> NodeUpstream {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("node")
+            .args(["-e", NODE_SERVER])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("Node.js is needed for tests/paths.rs: apt-get install nodejs");
+        let stdout = child.stdout.take().expect("piped");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("node prints its port");
+        let port: u16 = line.trim().parse().expect("a port");
+        NodeUpstream {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+}
+
+impl Drop for NodeUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_node_upstream_is_never_reached_past_a_route_by_a_backslash_or_parameters() {
+    let node = NodeUpstream::start();
+    let s = Sluice::start(&config("", node.addr));
+    // Asked directly, Node and a servlet container read these as `/v1/x`.
+    for (target, reader) in [
+        ("/v1\\x", "x-node-path"),
+        ("/static\\..\\v1\\x", "x-node-path"),
+        ("/v1;x/x", "x-servlet-path"),
+        ("/static/..;/v1/x", "x-servlet-path"),
+        ("/;/v1/x", "x-servlet-path"),
+    ] {
+        let direct = raw_get(node.addr, target, &[]);
+        assert_eq!(direct.header(reader), Some("/v1/x"), "{target}");
+        // Through sluice: refused, or held to /v1/'s key like /v1/x itself.
+        let r = raw_get(s.addr, target, &[]);
+        assert!(
+            r.status == 400 || r.status == 401,
+            "{target} walked past /v1/: {} {}",
+            r.status,
+            r.body
+        );
+    }
+    // With the key, Node reads the path sluice sends as the one sluice matched.
+    let r = raw_get(s.addr, "/static/..;/v1/x", &[("x-api-key", KEY)]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-servlet-path"), Some("/v1/x"));
 }

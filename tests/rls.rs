@@ -143,14 +143,111 @@ const ROUTES: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// The fenced block after the line `anchor` of docs/rls.md: the page's examples are what
+/// these tests run, so the page cannot drift from a working Envoy and sluice.
+fn docs_block(anchor: &str) -> String {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/rls.md"))
+        .expect("docs/rls.md");
+    let after = page
+        .split_once(&format!("{anchor}\n"))
+        .unwrap_or_else(|| panic!("docs/rls.md has no line {anchor:?}"))
+        .1;
+    let body = after
+        .split_once("```yaml\n")
+        .and_then(|(_, b)| b.split_once("\n```"))
+        .expect("a yaml block after the anchor")
+        .0;
+    format!("{body}\n")
+}
+
+/// envoyproxy/ratelimit's own examples/ratelimit/config/example.yaml, as docs/rls.md shows it.
+fn upstream_example() -> String {
+    let example = docs_block("(tests/rls.rs serves it and checks each of its rules):");
+    assert!(example.starts_with("---\ndomain: rl\n"), "{example}");
+    example
+}
+
+/// docs/rls.md's Envoy config: its `http_filters` and its `clusters` entry, each with
+/// `edit`ed into it what a test changes, and the route actions its comment shows.
+struct DocsEnvoy {
+    filters: String,
+    cluster: String,
+    route_actions: String,
+}
+
+/// `text` with `from` replaced by `to`, which must be there: a page that no longer says
+/// `from` fails here rather than running something else.
+fn edit(text: &str, from: &str, to: &str) -> String {
+    assert!(
+        text.contains(from),
+        "docs/rls.md's Envoy config has no {from:?}:\n{text}"
+    );
+    text.replacen(from, to, 1)
+}
+
+fn docs_envoy() -> DocsEnvoy {
+    let block = docs_block("<!-- check: envoy -->");
+    let (filters, cluster) = block
+        .split_once("clusters:\n")
+        .expect("a clusters: section");
+    let route_actions = filters
+        .lines()
+        .find_map(|l| l.strip_prefix("#   - actions: "))
+        .expect("the route's actions in a comment")
+        .to_owned();
+    DocsEnvoy {
+        filters: filters.to_owned(),
+        cluster: cluster.to_owned(),
+        route_actions,
+    }
+}
+
+fn indent(text: &str, by: usize) -> String {
+    text.lines().map(|l| format!("{:by$}{l}\n", "")).collect()
+}
+
 impl Envoy {
-    /// Envoy proxying to `upstream`, asking the rate limit service at `rls` (round robin).
+    /// Envoy proxying to `upstream`, asking the rate limit service at `rls` (round robin),
+    /// with docs/rls.md's filter and cluster for domain `edge` and `ROUTES`. The timeout is
+    /// 2 s, not the page's 50 ms: these tests count exactly on a loaded machine, where a
+    /// call that times out would pass (`failure_mode_deny: false`) uncounted by the test.
     fn start(upstream: SocketAddr, rls: &[SocketAddr], failure_mode_deny: bool) -> Envoy {
+        let docs = docs_envoy();
+        let filters = edit(&docs.filters, "domain: rl\n", "domain: edge\n");
+        let filters = edit(
+            &filters,
+            "failure_mode_deny: false",
+            &format!("failure_mode_deny: {failure_mode_deny}"),
+        );
+        let filters = edit(&filters, "timeout: 0.05s", "timeout: 2s");
+        Envoy::launch(upstream, rls, ROUTES, &filters, &docs.cluster)
+    }
+
+    /// Envoy with docs/rls.md's config as written, but for the ports, and its route.
+    fn as_documented(upstream: SocketAddr, rls: SocketAddr) -> Envoy {
+        let docs = docs_envoy();
+        let actions = [docs.route_actions.as_str()];
+        Envoy::launch(
+            upstream,
+            &[rls],
+            &[("/", &actions)],
+            &docs.filters,
+            &docs.cluster,
+        )
+    }
+
+    fn launch(
+        upstream: SocketAddr,
+        rls: &[SocketAddr],
+        routes_of: &[(&str, &[&str])],
+        filters: &str,
+        cluster: &str,
+    ) -> Envoy {
         let dir = TempDir::new();
         let port = free_port();
         let admin = free_port();
         let mut routes = String::new();
-        for (prefix, descriptors) in ROUTES {
+        for (prefix, descriptors) in routes_of {
             routes.push_str(&format!(
                 "              - match: {{prefix: \"{prefix}\"}}\n                route:\n                  cluster: upstream\n                  rate_limits:\n"
             ));
@@ -165,6 +262,11 @@ impl Envoy {
             )
         };
         let rls_endpoints: Vec<String> = rls.iter().map(endpoint).collect();
+        let cluster = edit(
+            cluster,
+            "[{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8081}}}}]",
+            &format!("[{}]", rls_endpoints.join(", ")),
+        );
         let config = format!(
             r#"admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
@@ -183,36 +285,15 @@ static_resources:
             - name: all
               domains: ["*"]
               routes:
-{routes}          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              failure_mode_deny: {failure_mode_deny}
-              timeout: 2s
-              enable_x_ratelimit_headers: DRAFT_VERSION_03
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service: {{envoy_grpc: {{cluster_name: rls}}}}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
+{routes}{filters}  clusters:
   - name: upstream
     type: STATIC
     connect_timeout: 1s
     load_assignment: {{cluster_name: upstream, endpoints: [{{lb_endpoints: [{}]}}]}}
-  - name: rls
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment: {{cluster_name: rls, endpoints: [{{lb_endpoints: [{}]}}]}}
-"#,
+{cluster}"#,
             endpoint(&upstream),
-            rls_endpoints.join(", ")
+            filters = indent(filters, 10),
+            cluster = indent(&cluster, 2),
         );
         let file = dir.0.join("envoy.yaml");
         std::fs::write(&file, config).expect("write envoy config");
@@ -553,50 +634,6 @@ fn check_locates_yaml_errors_and_a_bad_reload_keeps_the_old_rules() {
     );
 }
 
-/// envoyproxy/ratelimit's own examples/ratelimit/config/example.yaml, unchanged.
-const UPSTREAM_EXAMPLE: &str = "---
-domain: rl
-descriptors:
-  - key: source_cluster
-    value: proxy
-    descriptors:
-      - key: destination_cluster
-        value: mock
-        rate_limit:
-          unit: minute
-          requests_per_unit: 1
-  - key: foo
-    rate_limit:
-      unit: minute
-      requests_per_unit: 2
-    descriptors:
-      - key: bar
-        rate_limit:
-          unit: minute
-          requests_per_unit: 3
-      - key: bar
-        value: banned
-        rate_limit:
-          unit: minute
-          requests_per_unit: 0
-      - key: baz
-        rate_limit:
-          unit: second
-          requests_per_unit: 1
-      - key: bay
-        rate_limit:
-          unlimited: true
-      - key: baz
-        value: shady
-        rate_limit:
-          unit: minute
-          requests_per_unit: 1
-        shadow_mode: true
-  - key: qux
-    rate_limit:
-      unlimited: true
-";
-
 fn rl(entries: &[(&str, &str)]) -> Request {
     Request {
         domain: "rl".into(),
@@ -612,11 +649,47 @@ fn rl(entries: &[(&str, &str)]) -> Request {
     }
 }
 
+/// docs/rls.md's Envoy config as written (50 ms timeout, failure_mode_deny false) and its
+/// route action, with sluice serving the page's ratelimit example: `foo` allows 2 a minute.
+#[test]
+fn envoy_runs_the_documented_config_and_rules() {
+    let upstream = EchoUpstream::start();
+    let s = start_sluice_with(
+        "backend = \"memory\"",
+        &[("example.yaml", &upstream_example())],
+    );
+    let envoy = Envoy::as_documented(upstream.addr, s.rls);
+    // A call that takes longer than the page's 50 ms passes uncounted by Envoy (sluice counts
+    // it): on a loaded machine the first 429 may come later than the third request.
+    let mut statuses = Vec::new();
+    let refused = (0..20).find_map(|_| {
+        let r = envoy.get("/any", &[("foo", "x")]);
+        statuses.push(r.status);
+        (r.status == 429).then_some(r)
+    });
+    let refused = refused.unwrap_or_else(|| panic!("no 429 in {statuses:?}: {}", envoy.log()));
+    assert!(statuses.len() >= 3, "{statuses:?}");
+    assert!(
+        refused
+            .header("x-ratelimit-limit")
+            .is_some_and(|l| l.starts_with("2")),
+        "DRAFT_VERSION_03 headers: {:?}",
+        refused.header("x-ratelimit-limit")
+    );
+    assert_eq!(
+        envoy.get("/any", &[("foo", "y")]).status,
+        200,
+        "another value, another key"
+    );
+    let rejected = "sluice_decisions_total{decision=\"rejected\",policy=\"foo\",route=\"rls:rl\"}";
+    assert!(s.sluice.metric(rejected) >= 1.0);
+}
+
 #[test]
 fn envoyproxy_ratelimits_own_example_works_unchanged() {
     let s = start_sluice_with(
         "backend = \"memory\"",
-        &[("example.yaml", UPSTREAM_EXAMPLE)],
+        &[("example.yaml", &upstream_example())],
     );
     let code = |entries: &[(&str, &str)]| call(s.rls, &rl(entries)).expect("answer").overall_code;
     let nested = [("source_cluster", "proxy"), ("destination_cluster", "mock")];

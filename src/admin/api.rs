@@ -309,7 +309,7 @@ fn top(gateway: &Gateway, policy: &Policy, call: &Call) -> Answer {
         .iter()
         .map(|e| {
             json!({
-                "key": e.key.split('\0').collect::<Vec<_>>(),
+                "key": e.key,
                 "requests": e.requests,
                 "rejected": e.rejected,
                 "allowed": e.allowed,

@@ -3,7 +3,11 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::time::Duration;
+
+use base64::Engine;
 
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 
@@ -18,6 +22,9 @@ pub struct Answer {
 
 /// Makes `call` against the admin listener of `admin`.
 pub fn call(admin: &Admin, call: &AdminCall) -> Result<Answer, String> {
+    if let AdminCall::Token { .. } = call {
+        return Err("`admin token` writes a file (`write_token`) and calls nothing".into());
+    }
     let token = admin
         .token
         .as_ref()
@@ -43,6 +50,21 @@ pub fn call(admin: &Admin, call: &AdminCall) -> Result<Answer, String> {
         .read_to_end(&mut raw)
         .map_err(|e| format!("reading from {addr}: {e}"))?;
     parse(&raw).ok_or_else(|| format!("{addr} did not answer HTTP"))
+}
+
+/// `sluice admin token FILE`: a new random 256-bit token (base64url, 43 characters) in a new
+/// file readable by its owner only. An existing file is kept: a running sluice would go on
+/// answering to the token it read, so replacing it is a deliberate `rm` first.
+pub fn write_token(path: &Path) -> Result<(), String> {
+    let secret: [u8; 32] = rand::random();
+    let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{token}"))
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))
 }
 
 /// Method, path with query, and JSON body of `call`.
@@ -119,6 +141,8 @@ fn request(call: &AdminCall) -> (&'static str, String, String) {
             ),
             String::new(),
         ),
+        // Never sent: `call` refuses it, and main.rs writes the file before reading a config.
+        AdminCall::Token { .. } => ("GET", String::new(), String::new()),
         AdminCall::Top { policy, n } => (
             "GET",
             format!(

@@ -97,6 +97,9 @@ pub enum AdminCall {
         #[command(subcommand)]
         action: KeyAction,
     },
+    /// Write a new random token to FILE (mode 0600), for `[admin] token_file`; no call is
+    /// made and the config is not read
+    Token { file: PathBuf },
 }
 
 #[derive(Subcommand, Debug)]

@@ -36,8 +36,31 @@ impl Metering {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UsageFormat {
     OpenAi,
-    Anthropic,
+    /// With the weights of its prompt-cache tokens (DESIGN §21).
+    Anthropic(CacheWeights),
     Gemini,
+}
+
+/// `weights = { cache_read = 0.1, cache_write = 1.25 }`: what one token read from and one
+/// written to Anthropic's prompt cache count, in millionths (1.0 each by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheWeights {
+    pub read: u64,
+    pub write: u64,
+}
+
+impl CacheWeights {
+    pub const ONE: CacheWeights = CacheWeights {
+        read: 1_000_000,
+        write: 1_000_000,
+    };
+
+    /// `read` tokens read from the cache and `write` written to it, weighed, rounded up.
+    pub fn weigh(&self, read: u64, write: u64) -> u64 {
+        let millionths =
+            u128::from(read) * u128::from(self.read) + u128::from(write) * u128::from(self.write);
+        u64::try_from(millionths.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    }
 }
 
 /// `reserve`: units held at admission for a response's cost.
@@ -194,6 +217,30 @@ fn status_range(p: &Problems, item: &Spanned<Node>) -> Option<StatusRange> {
     range.map(|(low, high)| StatusRange { low, high })
 }
 
+/// `weights = { cache_read = 0.1, cache_write = 1.25 }`: each a number from 0 to 1000.
+fn cache_weights(p: &Problems, node: &Spanned<Node>) -> CacheWeights {
+    let mut weights = CacheWeights::ONE;
+    let Some(t) = Table::new(p, "`weights`", node) else {
+        return weights;
+    };
+    for (key, weight) in [
+        ("cache_read", &mut weights.read),
+        ("cache_write", &mut weights.write),
+    ] {
+        let Some(n) = t.number(key) else { continue };
+        if !(0.0..=1000.0).contains(&n.value) {
+            p.at(
+                &n.span,
+                format!("`{key}` must be a number from 0 to 1000, found {}", n.value),
+            );
+            continue;
+        }
+        *weight = (n.value * 1e6).round() as u64;
+    }
+    t.finish();
+    weights
+}
+
 /// `cost = { header = "x-usage-units" }` or `cost = { usage = "openai" }`.
 fn cost_source(p: &Problems, node: &Spanned<Node>) -> Option<Metering> {
     let t = Table::new(p, "`cost`", node)?;
@@ -204,10 +251,23 @@ fn cost_source(p: &Problems, node: &Spanned<Node>) -> Option<Metering> {
         "usage",
         &[
             ("openai", UsageFormat::OpenAi),
-            ("anthropic", UsageFormat::Anthropic),
+            ("anthropic", UsageFormat::Anthropic(CacheWeights::ONE)),
             ("gemini", UsageFormat::Gemini),
         ],
     );
+    let usage = match (usage, t.get("weights")) {
+        (Some(UsageFormat::Anthropic(_)), Some(node)) => {
+            Some(UsageFormat::Anthropic(cache_weights(p, node)))
+        }
+        (_, Some(node)) => {
+            p.at(
+                &node.span,
+                "`weights` weighs Anthropic's prompt-cache tokens: it takes `usage = \"anthropic\"`",
+            );
+            usage
+        }
+        (usage, None) => usage,
+    };
     let source = match (header, usage) {
         _ if t.get("header").is_some() && t.get("usage").is_some() => {
             p.at(&node.span, "`cost` takes one of `header` and `usage`");

@@ -36,7 +36,7 @@ pub use auth::{
 pub use calendar::{zone as calendar_zone, Calendar, CalendarUnit, Zone};
 pub use jwks::KeySet;
 pub use limiter::{Backend, ClockSource, Limiter, OnError};
-pub use metering::{Metering, Reserve, StatusRange, UsageFormat};
+pub use metering::{CacheWeights, Metering, Reserve, StatusRange, UsageFormat};
 pub use nets::NetSet;
 pub use policies::{
     exact_in_redis, Algorithm, Condition, KeyPart, Mode, Numbers, OnMissing, Override, Policy,

@@ -76,16 +76,13 @@ impl Limiter {
                 values.len()
             ));
         }
-        let mut joined = Vec::new();
-        let mut shown = Vec::with_capacity(values.len());
-        for (i, (part, value)) in policy.key.iter().zip(values).enumerate() {
-            if i > 0 {
-                joined.push(0);
-            }
-            let canonical = key::canonical_part(part, value)?;
-            joined.extend_from_slice(canonical.as_bytes());
-            shown.push(canonical);
-        }
+        let shown = policy
+            .key
+            .iter()
+            .zip(values)
+            .map(|(part, value)| key::canonical_part(part, value))
+            .collect::<Result<Vec<_>, _>>()?;
+        let joined = key::join(shown.iter().map(String::as_bytes));
         Ok(NamedKey {
             storage: self.storage_key(policy, &joined),
             values: shown,

@@ -539,7 +539,7 @@ policies = ["bucket", "window"]
         reloaded.decide(0, &second.policies, &[0, 1], &facts).await;
         let top = reloaded.top(&second.policies[1], 5).unwrap_or_default();
         assert_eq!(top.len(), 1, "{top:?}");
-        assert_eq!((top[0].key.as_str(), top[0].requests), ("192.0.2.7", 4));
+        assert_eq!((top[0].key[0].as_str(), top[0].requests), ("192.0.2.7", 4));
         let global_top = reloaded.top(&second.policies[0], 5).unwrap_or_default();
         assert_eq!(global_top.len(), 1, "{global_top:?}");
         assert_eq!(global_top[0].requests, 1);

@@ -518,11 +518,7 @@ impl Limiter {
                 continue;
             };
             let hash = KEY_HASHER.hash_one(&value);
-            sketch.lock().record(
-                hash,
-                || String::from_utf8_lossy(&value).into_owned(),
-                rejected,
-            );
+            sketch.lock().record(hash, || key::parts(&value), rejected);
         }
     }
 

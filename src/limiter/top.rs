@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// The key's values, joined by NUL (as the policy's key joins them).
-    pub key: String,
+    /// The key's values, one per part of the policy's key.
+    pub key: Vec<String>,
     /// Requests counted: seen since the slot was taken, plus `error`.
     pub requests: u64,
     /// Rejections seen since the slot was taken (the true count is at most `error` more).
@@ -47,7 +47,7 @@ impl SpaceSaving {
 
     /// Counts one request of the key with hash `hash`; `key` names it, asked only when the
     /// key takes a slot.
-    pub fn record(&mut self, hash: u64, key: impl FnOnce() -> String, rejected: bool) {
+    pub fn record(&mut self, hash: u64, key: impl FnOnce() -> Vec<String>, rejected: bool) {
         if self.capacity == 0 {
             return;
         }
@@ -143,17 +143,20 @@ mod tests {
         let mut sketch = SpaceSaving::new(100);
         for &k in &stream {
             truth[k] += 1;
-            sketch.record(k as u64 * 7919, || format!("k{k}"), false);
+            sketch.record(k as u64 * 7919, || vec![format!("k{k}")], false);
         }
         let mut ranked: Vec<usize> = (0..10_000).collect();
         ranked.sort_by(|a, b| truth[*b].cmp(&truth[*a]));
-        let top10: Vec<String> = sketch.top(10).into_iter().map(|e| e.key).collect();
+        let top10: Vec<Vec<String>> = sketch.top(10).into_iter().map(|e| e.key).collect();
         for k in &ranked[..5] {
-            assert!(top10.contains(&format!("k{k}")), "k{k} not in {top10:?}");
+            assert!(
+                top10.contains(&vec![format!("k{k}")]),
+                "k{k} not in {top10:?}"
+            );
         }
         // Every estimate over-counts by at most its error bound.
         for e in sketch.top(100) {
-            let k: usize = e.key[1..].parse().expect("key");
+            let k: usize = e.key[0][1..].parse().expect("key");
             assert!(
                 e.requests >= truth[k] && e.requests - e.error <= truth[k],
                 "{e:?}"
@@ -166,17 +169,17 @@ mod tests {
     fn rejections_rank_first_and_zero_capacity_holds_nothing() {
         let mut s = SpaceSaving::new(10);
         for _ in 0..50 {
-            s.record(1, || "busy".into(), false);
+            s.record(1, || vec!["busy".into()], false);
         }
         for _ in 0..3 {
-            s.record(2, || "limited".into(), true);
+            s.record(2, || vec!["limited".into()], true);
         }
         let top = s.top(2);
-        assert_eq!(top[0].key, "limited");
+        assert_eq!(top[0].key, ["limited"]);
         assert_eq!((top[0].rejected, top[0].allowed), (3, 0));
-        assert_eq!((top[1].key.as_str(), top[1].requests), ("busy", 50));
+        assert_eq!((top[1].key[0].as_str(), top[1].requests), ("busy", 50));
         let mut off = SpaceSaving::new(0);
-        off.record(1, || "x".into(), true);
+        off.record(1, || vec!["x".into()], true);
         assert!(off.top(10).is_empty());
     }
 }

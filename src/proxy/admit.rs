@@ -99,7 +99,7 @@ pub async fn admit<'g>(
         authenticate(session, ctx, gateway, route_id).await?;
     }
     let needs = BodyNeeds::of(config, route);
-    let request_bound = match needs.bound || needs.usage {
+    let request_bound = match needs.bound.is_some() || needs.usage {
         true => body(session, ctx, needs).await?,
         false => None,
     };
@@ -318,7 +318,8 @@ async fn count_failure(
 }
 
 /// What the route's policies need of the body before the decision, read (DESIGN §12,
-/// §17): its bound, if they reserve by it.
+/// §17, §21): its bound, if they reserve by it, with an output bound written into a body
+/// that sets none; a body of unknown length cannot be bounded, and is refused.
 async fn body<'g>(
     session: &mut Session,
     ctx: &mut Ctx,
@@ -326,13 +327,20 @@ async fn body<'g>(
 ) -> Result<Option<u64>, Refusal<'g>> {
     let mut bound = None;
     match read_body(session).await? {
-        RequestBody::Whole(body) => {
-            if needs.bound {
-                bound = request_bound(&body).map_err(|bad| Refusal::BadBound(bad.0))?;
+        RequestBody::Whole(mut body) => {
+            if let Some(written) = needs.bound {
+                let bounded =
+                    request_bound(&body, written).map_err(|bad| Refusal::BadBound(bad.0))?;
+                if let Some(bounded) = bounded {
+                    bound = Some(bounded.bound);
+                    body = bounded.body.map_or(body, Bytes::from);
+                }
             }
             let asked = needs.usage.then(|| ask_for_usage(&body)).flatten();
             ctx.body.whole = Some(asked.map_or(body, Bytes::from));
         }
+        // Its bound cannot be read before it is sent (DESIGN §21).
+        RequestBody::Unknown if needs.bound.is_some() => return Err(Refusal::LengthRequired),
         RequestBody::Unknown if needs.usage => ctx.body.held = Some(Vec::new()),
         RequestBody::Unknown | RequestBody::Empty => {}
         RequestBody::TooLarge => return Err(Refusal::MeteredBodyTooLarge),

@@ -30,6 +30,10 @@ pub enum Refusal<'g> {
     /// A metered body that cannot be read whole (DESIGN §12, §17): 413 as HTTP; the
     /// connection closes.
     MeteredBodyTooLarge,
+    /// A body of unknown length on a route that reserves by the request's bound (DESIGN
+    /// §21): it cannot be read for its bound before it is sent, so it is 411 as HTTP; the
+    /// connection closes.
+    LengthRequired,
     /// Authentication refused (DESIGN §11): 401 or 503, or UNAUTHENTICATED or UNAVAILABLE.
     Auth(Box<AuthRefusal>),
     /// A policy's denial (or `max_failures`' ban): its status with `Retry-After`, the rate
@@ -67,7 +71,10 @@ impl Refusal<'_> {
     fn closes(&self) -> bool {
         matches!(
             self,
-            Refusal::BadHost(_) | Refusal::BodyTooLarge | Refusal::MeteredBodyTooLarge
+            Refusal::BadHost(_)
+                | Refusal::BodyTooLarge
+                | Refusal::MeteredBodyTooLarge
+                | Refusal::LengthRequired
         )
     }
 }
@@ -180,6 +187,10 @@ pub fn render(
         Refusal::MeteredBodyTooLarge => {
             let why = "a metered request's body is read for its bound, up to 1 MiB";
             problem(413, response::problem(413, "Content Too Large", why), extra)
+        }
+        Refusal::LengthRequired => {
+            let why = "a request that reserves by its bound is read whole before it is sent: send its Content-Length";
+            problem(411, response::problem(411, "Length Required", why), extra)
         }
         Refusal::Auth(refusal) => {
             let (status, headers, body) = response::auth_refusal(&refusal);
@@ -481,7 +492,18 @@ mod tests {
         assert!(Refusal::BadHost("x").closes());
         assert!(Refusal::BodyTooLarge.closes());
         assert!(Refusal::MeteredBodyTooLarge.closes());
+        assert!(Refusal::LengthRequired.closes());
         assert!(!Refusal::NoRoute.closes());
+    }
+
+    #[test]
+    fn a_body_of_unknown_length_that_must_be_bounded_is_411_as_http() {
+        for grpc in [false, true] {
+            let (status, headers, body) = http(Refusal::LengthRequired, grpc, Extra::default());
+            assert_eq!(status, 411);
+            assert!(body.contains("Content-Length"), "{body}");
+            assert_eq!(headers, problem_headers(&body));
+        }
     }
 
     #[test]

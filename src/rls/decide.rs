@@ -10,6 +10,7 @@ use super::proto::{Code, Request, Response, Status, Unit};
 use super::rules;
 use crate::config::{exact_in_redis, Algorithm, Numbers};
 use crate::gateway::Gateway;
+use crate::key;
 use crate::limiter::algorithm::{Rule, Verdict, MAX_COST};
 use crate::limiter::keyed::Keyed;
 use crate::limiter::Decision;
@@ -87,13 +88,7 @@ pub async fn should_rate_limit(gateway: &Gateway, req: &Request) -> Result<Respo
             }
             continue;
         };
-        let mut value = Vec::with_capacity(32);
-        for (j, (_, v)) in descriptor.entries.iter().enumerate() {
-            if j > 0 {
-                value.push(0);
-            }
-            value.extend_from_slice(v.as_bytes());
-        }
+        let value = key::join(descriptor.entries.iter().map(|(_, v)| v.as_bytes()));
         let numbers = descriptor.limit.and_then(|(rpu, unit)| {
             let limit = NonZeroU64::new(u64::from(rpu))?;
             Some(Numbers {

@@ -201,13 +201,15 @@ fn without_parameters(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
     let mut segments = path[1..].split('/').peekable();
     while let Some(segment) = segments.next() {
-        let segment = segment.split_once(';').map_or(segment, |(name, _)| name);
-        match segment {
+        let name = segment.split_once(';').map_or(segment, |(name, _)| name);
+        match name {
             "." => {}
             ".." => out.truncate(out.rfind('/').unwrap_or(0)),
+            // Parameters alone are no segment: `/;/admin` is `/admin`, as Tomcat reads it.
+            "" if name.len() < segment.len() && segments.peek().is_some() => continue,
             _ => {
                 out.push('/');
-                out.push_str(segment);
+                out.push_str(name);
                 continue;
             }
         }
@@ -414,8 +416,65 @@ mod tests {
         })
     }
 
+    /// A path of the pieces that lenient upstreams read their own way: `\\`, `;params`, dot
+    /// segments, repeated slashes.
+    fn lenient_path() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("/"),
+            Just("\\"),
+            Just("."),
+            Just(".."),
+            Just(";"),
+            Just(";x=1"),
+            Just("admin"),
+            Just("login"),
+            Just("a"),
+        ];
+        prop::collection::vec(piece, 0..12).prop_map(|pieces| format!("/{}", pieces.concat()))
+    }
+
+    /// How the most lenient upstreams read a path (DESIGN §21): `\\` as `/` (Node, browsers,
+    /// IIS), each segment's `;parameters` dropped and then its dot segments (servlet
+    /// containers), empty segments merged.
+    fn lenient_reading(path: &str) -> String {
+        let mut out: Vec<&str> = Vec::new();
+        let slashed = path.replace('\\', "/");
+        let segments: Vec<&str> = slashed.split('/').skip(1).collect();
+        for (i, segment) in segments.iter().enumerate() {
+            match segment.split(';').next().unwrap_or_default() {
+                "." => {}
+                ".." => {
+                    out.pop();
+                }
+                "" if i + 1 < segments.len() => {}
+                s => out.push(s),
+            }
+        }
+        format!("/{}", out.join("/"))
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Whatever a path's spelling, sluice either refuses it or matches it where the
+        /// most lenient upstream reads it: a path that such an upstream reads under
+        /// `/admin/` matches a `/admin/` prefix route, one it reads as `/login` (or
+        /// `/login/`) matches an exact `/login` route; never the catch-all instead.
+        #[test]
+        fn no_spelling_walks_past_a_route(path in lenient_path()) {
+            let lenient = lenient_reading(&path);
+            let Ok(normal) = normalize_path(&path, true, EscapedSlashes::Keep) else {
+                return Ok(());
+            };
+            prop_assert!(!path.contains('\\'), "{} was not refused", path);
+            let form = match_form(&normal, false);
+            if lenient.starts_with("/admin/") {
+                prop_assert!(form.starts_with("/admin/"), "{} read as {} matched as {}", path, lenient, form);
+            }
+            if lenient == "/login" || lenient == "/login/" {
+                prop_assert!(form == "/login" || form == "/login/", "{} read as {} matched as {}", path, lenient, form);
+            }
+        }
 
         #[test]
         fn normalised_twice_is_normalised_once(path in hostile_path(), merge in any::<bool>()) {

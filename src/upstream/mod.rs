@@ -113,14 +113,15 @@ impl Upstream {
     }
 }
 
+fn pools_of(upstreams: &[Arc<Upstream>]) -> Vec<Arc<pool::Pool>> {
+    upstreams.iter().map(|u| u.pool.clone()).collect()
+}
+
 /// Puts `new` (a config load) in service after `old`: the old pools stop checking and
-/// writing gauges, then the new ones start their health checks and re-resolving; the
-/// adaptive series of upstreams no longer adaptive go.
+/// writing gauges (the new ones start their health checks and re-resolving with `start`);
+/// the adaptive series of upstreams no longer adaptive go, those of the new ones are primed.
 pub fn hand_over(old: &[Arc<Upstream>], new: &[Arc<Upstream>], metrics: &Metrics) {
-    let pools = |u: &[Arc<Upstream>]| u.iter().map(|u| u.pool.clone()).collect::<Vec<_>>();
-    let new_pools = pools(new);
-    pool::hand_over(&pools(old), &new_pools, metrics);
-    pool::start(&new_pools);
+    pool::hand_over(&pools_of(old), &pools_of(new), metrics);
     for gone in old.iter().filter(|o| o.adaptive.is_some()) {
         let name = gone.config().name.as_str();
         if !new
@@ -145,6 +146,12 @@ pub fn hand_over(old: &[Arc<Upstream>], new: &[Arc<Upstream>], metrics: &Metrics
         }
     }
     publish_adaptive(new, metrics);
+}
+
+/// Starts the health checks and re-resolving of `upstreams` (on the current runtime); those
+/// of a config already replaced end at once.
+pub fn start(upstreams: &[Arc<Upstream>]) {
+    pool::start(&pools_of(upstreams));
 }
 
 /// The adaptive upstreams' limit, requests in flight and best latency, into their gauges

@@ -274,6 +274,7 @@ fn is_zlib(cmf: u8, flg: u8) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CacheWeights;
     use proptest::prelude::*;
 
     fn encode(coding: &str, text: &[u8]) -> Vec<u8> {
@@ -519,7 +520,7 @@ mod tests {
             cuts in proptest::collection::vec(any::<usize>(), 0..6),
         ) {
             let _ = read("text/event-stream", coding, &bytes, &cuts, UsageFormat::OpenAi);
-            let _ = read("application/json", coding, &bytes, &cuts, UsageFormat::Anthropic);
+            let _ = read("application/json", coding, &bytes, &cuts, UsageFormat::Anthropic(CacheWeights::ONE));
         }
     }
 }

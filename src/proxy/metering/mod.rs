@@ -233,19 +233,23 @@ impl UsageMeter {
         match format {
             UsageFormat::OpenAi => get(Slot::OpenAiTotal),
             UsageFormat::Gemini => get(Slot::GeminiTotal),
-            UsageFormat::Anthropic => {
-                let parts = [
+            UsageFormat::Anthropic(weights) => {
+                let [input, output, write, read] = [
                     Slot::AnthropicInput,
                     Slot::AnthropicOutput,
                     Slot::AnthropicCacheWrite,
                     Slot::AnthropicCacheRead,
                 ]
                 .map(get);
-                parts.iter().any(Option::is_some).then(|| {
-                    parts
-                        .iter()
-                        .fold(0u64, |sum, n| sum.saturating_add(n.unwrap_or(0)))
-                })
+                [input, output, write, read]
+                    .iter()
+                    .any(Option::is_some)
+                    .then(|| {
+                        let cached = weights.weigh(read.unwrap_or(0), write.unwrap_or(0));
+                        [input, output]
+                            .iter()
+                            .fold(cached, |sum, n| sum.saturating_add(n.unwrap_or(0)))
+                    })
             }
         }
     }
@@ -253,9 +257,10 @@ impl UsageMeter {
 
 #[cfg(test)]
 mod tests {
-    use super::request::{ask_for_usage, request_bound};
+    use super::request::{ask_for_usage, request_bound, Written};
     use super::sse::MAX_EVENT;
     use super::*;
+    use crate::config::CacheWeights;
 
     fn read(content_type: &str, chunks: &[&str]) -> UsageMeter {
         let mut meter = UsageMeter::new(Some(content_type.as_bytes()));
@@ -320,7 +325,11 @@ mod tests {
                       event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n\
                       event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
         assert_eq!(
-            both_ways("text/event-stream", stream, UsageFormat::Anthropic),
+            both_ways(
+                "text/event-stream",
+                stream,
+                UsageFormat::Anthropic(CacheWeights::ONE)
+            ),
             Some(40)
         );
     }
@@ -329,14 +338,41 @@ mod tests {
     fn anthropic_cache_tokens_are_input_tokens() {
         let body = r#"{"id":"m","type":"message","usage":{"input_tokens":1,"cache_creation_input_tokens":20000,"cache_read_input_tokens":10000,"output_tokens":100}}"#;
         assert_eq!(
-            both_ways("application/json", body, UsageFormat::Anthropic),
+            both_ways(
+                "application/json",
+                body,
+                UsageFormat::Anthropic(CacheWeights::ONE)
+            ),
             Some(30_101)
         );
         let stream = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":1,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":30000,\"output_tokens\":1}}}\n\n\
                       event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":100}}\n\n";
         assert_eq!(
-            both_ways("text/event-stream", stream, UsageFormat::Anthropic),
+            both_ways(
+                "text/event-stream",
+                stream,
+                UsageFormat::Anthropic(CacheWeights::ONE)
+            ),
             Some(30_101)
+        );
+    }
+
+    #[test]
+    fn anthropic_cache_tokens_may_be_weighed_rounded_up() {
+        let body = r#"{"usage":{"input_tokens":1,"cache_creation_input_tokens":3,"cache_read_input_tokens":11,"output_tokens":100}}"#;
+        let weights = CacheWeights {
+            read: 100_000,
+            write: 1_250_000,
+        };
+        // 11 x 0.1 + 3 x 1.25 = 4.85, rounded up to 5.
+        assert_eq!(
+            both_ways("application/json", body, UsageFormat::Anthropic(weights)),
+            Some(106)
+        );
+        let free = CacheWeights { read: 0, write: 0 };
+        assert_eq!(
+            both_ways("application/json", body, UsageFormat::Anthropic(free)),
+            Some(101)
         );
     }
 
@@ -344,7 +380,11 @@ mod tests {
     fn anthropic_whole_message() {
         let body = r#"{"id":"m","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":10,"output_tokens":32}}"#;
         assert_eq!(
-            both_ways("application/json", body, UsageFormat::Anthropic),
+            both_ways(
+                "application/json",
+                body,
+                UsageFormat::Anthropic(CacheWeights::ONE)
+            ),
             Some(42)
         );
     }
@@ -465,7 +505,7 @@ mod tests {
                  event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n\
                  event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
                     .into(),
-                UsageFormat::Anthropic,
+                UsageFormat::Anthropic(CacheWeights::ONE),
                 40,
             ),
             (
@@ -484,7 +524,7 @@ mod tests {
             (
                 "application/json",
                 r#"{"content":[{"text":"hi"}],"usage":{"input_tokens":10,"output_tokens":32}}"#.into(),
-                UsageFormat::Anthropic,
+                UsageFormat::Anthropic(CacheWeights::ONE),
                 42,
             ),
             (
@@ -559,10 +599,14 @@ mod tests {
                     proptest::prop_assert!(meter.kept() <= 2 * MAX_EVENT + chunk);
                 }
                 meter.finish();
-                let _ = meter.cost(UsageFormat::Anthropic);
+                let _ = meter.cost(UsageFormat::Anthropic(CacheWeights::ONE));
             }
             let _ = ask_for_usage(&bytes);
-            let _ = request_bound(&bytes);
+            let written = Written {
+                tokens: 1,
+                format: None,
+            };
+            let _ = request_bound(&bytes, written);
         }
     }
 }

@@ -56,8 +56,9 @@ impl Body {
 
 /// What a route's policies need of a request's body before it is sent on.
 pub struct BodyNeeds {
-    /// `reserve = "request"`: its bound, before the decision (DESIGN §12).
-    pub bound: bool,
+    /// `reserve = "request"`: its bound, before the decision, and the output bound written
+    /// into a body that sets none (DESIGN §12, §21).
+    pub bound: Option<Written>,
     /// `usage = "openai"`: a stream asked for its usage (DESIGN §17).
     pub usage: bool,
 }
@@ -65,16 +66,33 @@ pub struct BodyNeeds {
 impl BodyNeeds {
     pub fn of(config: &Config, route: &Route) -> BodyNeeds {
         let mut needs = BodyNeeds {
-            bound: false,
+            bound: None,
             usage: false,
         };
         for &id in &route.policies {
             let policy = &config.policies[id];
-            needs.bound |= policy.reserve_request.is_some();
-            needs.usage |= matches!(policy.metering, Some(Metering::Usage(UsageFormat::OpenAi)));
+            let format = match policy.metering {
+                Some(Metering::Usage(format)) => Some(format),
+                _ => None,
+            };
+            if let Some(most) = policy.reserve_request {
+                // Every policy of the route holds the same bound: the smallest is written.
+                let tokens = needs.bound.map_or(most, |w| w.tokens.min(most));
+                let format = needs.bound.and_then(|w| w.format).or(format);
+                needs.bound = Some(Written { tokens, format });
+            }
+            needs.usage |= format == Some(UsageFormat::OpenAi);
         }
         needs
     }
+}
+
+/// The output bound written into a request that sets none (`max_reserve`), and the format
+/// that names its field (none: read as OpenAI's).
+#[derive(Clone, Copy)]
+pub struct Written {
+    pub tokens: u64,
+    pub format: Option<UsageFormat>,
 }
 
 /// The most of a metered body read whole (DESIGN §12, §17); a larger one gets 413.
@@ -189,8 +207,9 @@ pub struct BadBound(pub &'static str);
 
 /// The output bounds and multipliers of the top level (OpenAI's `max_tokens`,
 /// `max_completion_tokens`, the Responses API's `max_output_tokens`, Anthropic's
-/// `max_tokens`; `n` and `best_of`), then Gemini's config in both spellings.
-const TOP: [&str; 7] = [
+/// `max_tokens`; `n` and `best_of`), Gemini's config in both spellings, then what tells
+/// the formats apart (where a bound is written).
+const TOP: [&str; 11] = [
     "max_tokens",
     "max_completion_tokens",
     "max_output_tokens",
@@ -198,7 +217,17 @@ const TOP: [&str; 7] = [
     "best_of",
     "generationConfig",
     "generation_config",
+    "messages",
+    "prompt",
+    "input",
+    "contents",
 ];
+const GENERATION_CONFIG: usize = 5;
+const GENERATION_CONFIG_SNAKE: usize = 6;
+const MESSAGES: usize = 7;
+const PROMPT: usize = 8;
+const INPUT: usize = 9;
+const CONTENTS: usize = 10;
 /// In Gemini's config: the output bound, then the candidates (a multiplier).
 const GEMINI: [&str; 4] = [
     "maxOutputTokens",
@@ -207,31 +236,40 @@ const GEMINI: [&str; 4] = [
     "candidate_count",
 ];
 
-/// `reserve = "request"`: a JSON request's upper bound on the tokens it may cost, its
-/// bytes / 4 for the input plus the largest output bound it sets times the most outputs it
-/// asks for (`n`, `best_of`, Gemini's `candidateCount`); Ok(None) without an output bound.
-/// A bound or multiplier that is not a plain non-negative integer (`"400"`, `4e2`, `400.0`,
-/// `-1`) or is written twice is refused (DESIGN §21): a lenient upstream would read it.
+/// A request's bound, and its body rewritten when an output bound was written into it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Bounded {
+    pub bound: u64,
+    pub body: Option<Vec<u8>>,
+}
+
+/// `reserve = "request"` (DESIGN §12, §21): a JSON request's upper bound on the tokens it
+/// may cost, its bytes / 4 for the input plus its output bound times the most outputs it
+/// asks for (`n`, `best_of`, Gemini's `candidateCount`). A request that sets no output
+/// bound gets one written into it (`written`, in the field its format reads), so the
+/// upstream cannot produce more than is held. A bound or multiplier that is not a plain
+/// non-negative integer (`"400"`, `4e2`, `400.0`, `-1`) or is written twice is refused:
+/// a lenient upstream would read it. Ok(None): not a JSON object, so nothing to bound.
 ///
 /// The body is read as `ask_for_usage` reads it (the top level walked, so no depth hides a
 /// bound; a byte order mark, UTF-16 or UTF-32 decoded).
-pub fn request_bound(body: &[u8]) -> Result<Option<u64>, BadBound> {
+pub fn request_bound(body: &[u8], written: Written) -> Result<Option<Bounded>, BadBound> {
     let Some(text) = json_text(body) else {
         return Ok(None);
     };
-    let Some((found, _, seen)) = top_level(&text, TOP) else {
+    let Some((found, last_end, seen)) = top_level(&text, TOP) else {
         return Ok(None);
     };
-    let mut numbers = [None; 7];
+    let mut numbers = [None; 5];
     for (i, name) in TOP.iter().enumerate().take(5) {
         numbers[i] = plain_integer(&text, &found[i], seen[i], name)?;
     }
     let mut gemini = [None; 4];
-    for (i, (at, n)) in found.iter().zip(seen).enumerate().skip(5) {
-        if n > 1 {
+    for i in [GENERATION_CONFIG, GENERATION_CONFIG_SNAKE] {
+        if seen[i] > 1 {
             return Err(BadBound(TOP[i]));
         }
-        let Some(at) = at else { continue };
+        let Some(at) = &found[i] else { continue };
         let inner = &text[at.clone()];
         if let Some((inner_found, _, inner_seen)) = top_level(inner, GEMINI) {
             for (i, name) in GEMINI.iter().enumerate() {
@@ -240,17 +278,87 @@ pub fn request_bound(body: &[u8]) -> Result<Option<u64>, BadBound> {
             }
         }
     }
-    let output = [numbers[0], numbers[1], numbers[2], gemini[0], gemini[1]];
-    let Some(output) = output.into_iter().flatten().max() else {
-        return Ok(None);
-    };
     let times = [numbers[3], numbers[4], gemini[2], gemini[3]]
         .into_iter()
         .flatten()
         .fold(1, u64::max);
+    let output = [numbers[0], numbers[1], numbers[2], gemini[0], gemini[1]];
+    let (output, rewritten) = match output.into_iter().flatten().max() {
+        Some(output) => (output, None),
+        None => {
+            let rewritten = write_bound(&text, &found, last_end, written)?;
+            (written.tokens, Some(rewritten))
+        }
+    };
     let bound = (body.len() as u64 / 4).saturating_add(output.saturating_mul(times));
     // Far past any budget (so refused), yet exact in Redis's Lua arithmetic.
-    Ok(Some(bound.min(1 << 40)))
+    Ok(Some(Bounded {
+        bound: bound.min(1 << 40),
+        body: rewritten,
+    }))
+}
+
+/// `text` with `written.tokens` set as its output bound, in the field its format reads:
+/// Gemini's `generationConfig.maxOutputTokens` (in the config the request has, or a new
+/// one), the Responses API's `max_output_tokens`, completions' and Anthropic's
+/// `max_tokens`, chat completions' `max_completion_tokens` (OpenAI's reasoning models
+/// refuse `max_tokens`).
+fn write_bound(
+    text: &[u8],
+    found: &Found<{ TOP.len() }>,
+    last_end: usize,
+    written: Written,
+) -> Result<Vec<u8>, BadBound> {
+    let has = |i: usize| found[i].is_some();
+    let tokens = written.tokens;
+    let gemini = written.format == Some(UsageFormat::Gemini)
+        || has(CONTENTS)
+        || has(GENERATION_CONFIG)
+        || has(GENERATION_CONFIG_SNAKE);
+    let mut out = Vec::with_capacity(text.len() + 48);
+    if gemini {
+        let configs = [GENERATION_CONFIG, GENERATION_CONFIG_SNAKE];
+        let mut at = 0;
+        for i in configs.into_iter().filter(|&i| has(i)) {
+            let range = found[i].clone().unwrap_or_default();
+            out.extend_from_slice(&text[at..range.start]);
+            match &text[range.clone()] {
+                b"null" => {
+                    out.extend_from_slice(format!(r#"{{"maxOutputTokens":{tokens}}}"#).as_bytes())
+                }
+                [b'{', rest @ ..] => {
+                    out.extend_from_slice(format!(r#"{{"maxOutputTokens":{tokens}"#).as_bytes());
+                    if text.get(skip_ws(text, range.start + 1)) != Some(&b'}') {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(rest);
+                }
+                _ => return Err(BadBound(TOP[i])),
+            }
+            at = range.end;
+        }
+        if at == 0 {
+            out.extend_from_slice(&text[..last_end]);
+            out.extend_from_slice(
+                format!(r#","generationConfig":{{"maxOutputTokens":{tokens}}}"#).as_bytes(),
+            );
+            out.extend_from_slice(&text[last_end..]);
+        } else {
+            out.extend_from_slice(&text[at..]);
+        }
+        return Ok(out);
+    }
+    let chat = has(MESSAGES);
+    let field = match written.format {
+        Some(UsageFormat::Anthropic(_)) => "max_tokens",
+        _ if has(INPUT) && !chat && !has(PROMPT) => "max_output_tokens",
+        _ if has(PROMPT) && !chat => "max_tokens",
+        _ => "max_completion_tokens",
+    };
+    out.extend_from_slice(&text[..last_end]);
+    out.extend_from_slice(format!(r#","{field}":{tokens}"#).as_bytes());
+    out.extend_from_slice(&text[last_end..]);
+    Ok(out)
 }
 
 /// The value at `at` (a member `name` seen `seen` times) as a plain non-negative integer;
@@ -497,17 +605,106 @@ fn value_end(text: &[u8], start: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CacheWeights;
+
+    const WRITTEN: Written = Written {
+        tokens: 500,
+        format: None,
+    };
+
+    /// The bound of `body` with `format`'s bound written, asserting that none is written
+    /// into a body that sets one.
+    fn bound_of(body: &[u8], format: Option<UsageFormat>) -> Option<u64> {
+        let written = Written { format, ..WRITTEN };
+        let bounded = request_bound(body, written).expect("a bound or none")?;
+        Some(bounded.bound)
+    }
+
+    /// What a body without an output bound is sent as, and the bound it holds.
+    fn written(body: &str, format: Option<UsageFormat>) -> (String, u64) {
+        let written = Written { format, ..WRITTEN };
+        let bounded = request_bound(body.as_bytes(), written)
+            .expect("a bound")
+            .expect("a JSON object");
+        let sent = String::from_utf8(bounded.body.expect("a bound written")).expect("text");
+        serde_json::from_str::<serde_json::Value>(&sent).expect("still JSON");
+        (sent, bounded.bound)
+    }
+
+    #[test]
+    fn a_request_without_an_output_bound_is_sent_with_the_one_it_holds() {
+        let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(
+            written(chat, None),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":500}"#.into(),
+                chat.len() as u64 / 4 + 500
+            )
+        );
+        assert_eq!(
+            written(chat, Some(UsageFormat::Anthropic(CacheWeights::ONE))).0,
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500}"#
+        );
+        assert_eq!(
+            written(r#"{"model":"m","prompt":"p"}"#, None).0,
+            r#"{"model":"m","prompt":"p","max_tokens":500}"#
+        );
+        assert_eq!(
+            written(r#"{"model":"m","input":"hi"}"#, None).0,
+            r#"{"model":"m","input":"hi","max_output_tokens":500}"#
+        );
+        // Every output is held: n of them, each up to the bound written.
+        let n = r#"{"n":3,"messages":[],"max_tokens":null}"#;
+        assert_eq!(written(n, None).1, n.len() as u64 / 4 + 1500);
+        // Gemini: in the config the request has, or a new one.
+        assert_eq!(
+            written(r#"{"contents":[]}"#, None).0,
+            r#"{"contents":[],"generationConfig":{"maxOutputTokens":500}}"#
+        );
+        assert_eq!(
+            written(
+                r#"{"contents":[], "generationConfig": { "temperature":1 }}"#,
+                None
+            )
+            .0,
+            r#"{"contents":[], "generationConfig": {"maxOutputTokens":500, "temperature":1 }}"#
+        );
+        assert_eq!(
+            written(r#"{"contents":[],"generation_config":{ },"x":1}"#, None).0,
+            r#"{"contents":[],"generation_config":{"maxOutputTokens":500 },"x":1}"#
+        );
+        let (sent, bound) = written(
+            r#"{"generationConfig":null,"contents":[]}"#,
+            Some(UsageFormat::Gemini),
+        );
+        assert_eq!(
+            sent,
+            r#"{"generationConfig":{"maxOutputTokens":500},"contents":[]}"#
+        );
+        assert_eq!(bound, 39 / 4 + 500);
+        let (sent, _) = written(r#"{"generationConfig":{"candidateCount":2}}"#, None);
+        assert_eq!(
+            sent,
+            r#"{"generationConfig":{"maxOutputTokens":500,"candidateCount":2}}"#
+        );
+        assert_eq!(
+            request_bound(br#"{"generationConfig":"x"}"#, WRITTEN),
+            Err(BadBound("generationConfig"))
+        );
+        // A body that sets a bound is sent as it came.
+        let set = request_bound(br#"{"max_tokens":10,"messages":[]}"#, WRITTEN);
+        assert!(set.is_ok_and(|b| b.is_some_and(|b| b.body.is_none())));
+    }
 
     #[test]
     fn a_request_is_bounded_by_its_size_and_largest_output_bound() {
-        let bound = |b: &[u8]| request_bound(b).expect("a bound or none");
+        let bound = |b: &[u8]| bound_of(b, None);
         let body = br#"{"model":"m","max_tokens":100,"max_completion_tokens":300,"messages":[]}"#;
         assert_eq!(bound(body), Some(body.len() as u64 / 4 + 300));
         let gemini = br#"{"contents":[],"generationConfig":{"maxOutputTokens":64}}"#;
         assert_eq!(bound(gemini), Some(gemini.len() as u64 / 4 + 64));
-        assert_eq!(bound(br#"{"model":"m","messages":[]}"#), None);
-        assert_eq!(bound(br#"{"max_tokens":null}"#), None);
         assert_eq!(bound(b"max_tokens=5"), None);
+        assert_eq!(bound(b"{}"), None);
         // No spelling hides a bound: any depth, UTF-16.
         let deep = format!(
             r#"{{"messages":[{}]{},"max_tokens":1000}}"#,
@@ -522,7 +719,7 @@ mod tests {
 
     #[test]
     fn every_output_a_request_asks_for_is_bounded() {
-        let bound = |b: &[u8]| request_bound(b).expect("a bound or none");
+        let bound = |b: &[u8]| bound_of(b, None);
         let n = br#"{"n":50,"max_tokens":400,"stream":true}"#;
         assert_eq!(bound(n), Some(n.len() as u64 / 4 + 50 * 400));
         let best_of = br#"{"prompt":"p","best_of":5,"n":2,"max_tokens":10}"#;
@@ -562,7 +759,7 @@ mod tests {
             (br#"{"max_tokens":99999999999999999999999}"#, "max_tokens"),
         ] {
             assert_eq!(
-                request_bound(body),
+                request_bound(body, WRITTEN),
                 Err(BadBound(field)),
                 "{}",
                 String::from_utf8_lossy(body)
