@@ -615,12 +615,13 @@ fn a_retry_runs_in_its_requests_slot_and_a_shed_request_is_never_retried() {
         conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
             .is_ok()
     });
-    // One slot, no wait: a retry that needed a slot of its own could never run.
+    // One slot: a retry that needed a slot of its own could never run. (A short queue: a
+    // request's slot comes back just after its answer, maybe after the next one arrives.)
     let s = Sluice::start(&format!(
         "[server]\nlisten = [\"{{listen}}\"]\naccess_log = \"off\"\n[admin]\nlisten = \"{{admin}}\"\n\
          [upstreams.api]\nservers = [\"{}\", \"{}\"]\n\
          retries = {{ attempts = 1, on = [\"503\"] }}\n\
-         adaptive = {{ min_limit = 1, max_limit = 1, queue = \"0s\" }}\n\
+         adaptive = {{ min_limit = 1, max_limit = 1, queue = \"200ms\" }}\n\
          [[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"api\"\n",
         bad.addr, good.addr
     ));
