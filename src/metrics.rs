@@ -70,6 +70,12 @@ pub struct Metrics {
     pub jwks_up: IntGaugeVec,
     pub jwks_refresh_timestamp: GaugeVec,
     pub consumers: IntGaugeVec,
+    /// `[upstreams.NAME.adaptive]` (DESIGN §22): the learnt limit, the requests in flight
+    /// against it and the best latency, read at scrape time; requests shed, by plan.
+    pub upstream_concurrency_limit: IntGaugeVec,
+    pub upstream_in_flight: IntGaugeVec,
+    pub upstream_latency_best: GaugeVec,
+    pub shed: IntCounterVec,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -268,7 +274,37 @@ impl Metrics {
             )
             .expect("valid gauge"),
         );
+        let upstream_concurrency_limit = gauges(
+            "sluice_upstream_concurrency_limit",
+            "An adaptive upstream's concurrency limit on this instance, learnt from its latency",
+            "upstream",
+        );
+        let upstream_in_flight = gauges(
+            "sluice_upstream_in_flight",
+            "Requests in flight to an adaptive upstream on this instance (WebSocket sessions while open)",
+            "upstream",
+        );
+        let upstream_latency_best = register(
+            &r,
+            GaugeVec::new(
+                Opts::new(
+                    "sluice_upstream_latency_best_seconds",
+                    "An adaptive upstream's best latency (p90 of its last probe window at min_limit), request start to response header",
+                ),
+                &["upstream"],
+            )
+            .expect("valid gauge"),
+        );
         Metrics {
+            upstream_concurrency_limit,
+            upstream_in_flight,
+            upstream_latency_best,
+            shed: counter(
+                &r,
+                "sluice_shed_total",
+                "Requests refused 503 to protect an adaptive upstream (no slot within its queue), by plan",
+                &["upstream", "plan"],
+            ),
             auth: counter(
                 &r,
                 "sluice_auth_total",

@@ -273,6 +273,19 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "adaptive.toml",
+        &[
+            "6:13: `min_limit` 30 is above `max_limit` 10",
+            "8:10: `window` must be at least 10ms (an update needs 10 samples)",
+            "9:13: `tolerance` must be at least 1 (a multiple of the best latency), found 0.9",
+            "11:31: share of plan \"free\" must be in (0, 1], found 0",
+            "11:40: share of plan \"pro\" must be in (0, 1], found 1.5",
+            "11:53: share of plan \"trial\" must be a number, found a string",
+            "14:30: `initial_limit` 3000 is outside [min_limit, max_limit] = [4, 2000]",
+            "14:52: unknown key `burst` in [upstreams.b.adaptive]",
+        ],
+    ),
+    (
         "retries.toml",
         &[
             "5:24: `attempts` must be between 1 and 10, found 0",

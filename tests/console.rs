@@ -57,6 +57,7 @@ period = "1h"
 key = ["consumer"]
 [upstreams.up]
 servers = ["{up}"]
+adaptive = {{ min_limit = 50, initial_limit = 60, max_limit = 100 }}
 [[routes]]
 name = "open"
 path_prefix = "/open/"
@@ -311,6 +312,21 @@ fn the_page_is_served_under_its_policy_and_holds_no_data_without_the_token() {
         "document.querySelector('#upstreams-table tbody tr')?.cells[3]?.textContent",
     );
     assert_eq!(up, serde_json::json!("up"));
+    // Its adaptive concurrency: the limit (min_limit while the first probe runs), nothing
+    // in flight, the range.
+    let adaptive = b.wait_for(
+        "the adaptive panel",
+        WAIT,
+        "(() => { const r = document.querySelector('#adaptive-table tbody tr'); return r && r.cells.length === 6 ? [...r.cells].map((c) => c.textContent) : null; })()",
+    );
+    assert_eq!(adaptive[0], serde_json::json!("up"), "{adaptive}");
+    let limit: u64 = adaptive[1]
+        .as_str()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
+    assert!((50..=100).contains(&limit), "{adaptive}");
+    assert_eq!(adaptive[2], serde_json::json!("0"), "{adaptive}");
+    assert_eq!(adaptive[5], serde_json::json!("50–100"), "{adaptive}");
     show_tab(&mut b, "reload");
     let reload = b.eval("document.getElementById('reload-table').textContent");
     assert!(

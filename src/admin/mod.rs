@@ -251,6 +251,7 @@ impl ServeHttp for Admin {
                     .set(gateway.limiter.runtime_consumers().len() as i64);
                 m.deny_cache_entries
                     .set(gateway.limiter.deny_cache_entries() as i64);
+                crate::upstream::publish_adaptive(&gateway.upstreams, m);
                 reply(200, "text/plain; version=0.0.4", m.render())
             }
             "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),

@@ -121,10 +121,22 @@ pub fn summary(app: &App, gateway: &Gateway) -> Answer {
                     json!({"server": s.name, "address": s.addr.to_string(), "healthy": health == 1})
                 })
                 .collect();
+            // `adaptive` (DESIGN §22): the learnt limit and what is in flight against it.
+            let adaptive = upstream.adaptive.as_ref().map(|gate| {
+                let cfg = gate.config();
+                json!({
+                    "limit": gate.limit(),
+                    "in_flight": gate.in_flight(),
+                    "best_ms": gate.best().map(|b| b.as_secs_f64() * 1000.0),
+                    "min_limit": cfg.min_limit,
+                    "max_limit": cfg.max_limit,
+                })
+            });
             json!({
                 "name": name,
                 "health_check": pool.config.health_check.is_some(),
                 "servers": servers,
+                "adaptive": adaptive,
             })
         })
         .collect();

@@ -6,6 +6,7 @@
 //! its reader, over `read` (shared helpers) and `tree` (the TOML with positions); `build`
 //! below reads the sections in order and checks what spans them.
 
+mod adaptive;
 mod auth;
 mod calendar;
 mod certs;
@@ -27,6 +28,7 @@ mod upstream_tls;
 mod upstreams;
 
 pub use self::rls::Rls;
+pub use adaptive::Adaptive;
 pub use auth::{
     parse_hex, Auth, Consumer, JwtConsumers, JwtIssuer, JwtKeys, MaxFailures, ANONYMOUS,
     AUTH_FAILURES,

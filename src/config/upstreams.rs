@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::adaptive::{adaptive, Adaptive};
 use super::read::{check_name, Problems, Table};
 use super::retries::{retries, Retries};
 use super::tree::{Node, Spanned};
@@ -41,6 +42,9 @@ pub struct Upstream {
     /// `resolve`: server hostnames are re-resolved this often (DESIGN §20); `None`: only at
     /// load and reload.
     pub resolve: Option<Duration>,
+    /// `[upstreams.NAME.adaptive]` (DESIGN §22): a concurrency limit learnt from latency;
+    /// `None`: requests are not held back for this upstream's sake.
+    pub adaptive: Option<Adaptive>,
 }
 
 /// What an upstream speaks: HTTP/2 is over TLS with ALPN, or prior-knowledge h2c without.
@@ -150,6 +154,9 @@ pub(super) fn upstream(
     let retries = t
         .get("retries")
         .and_then(|node| retries(p, &name.value, node));
+    let adaptive = t
+        .get("adaptive")
+        .and_then(|node| adaptive(p, &name.value, node));
     t.finish();
     Some(Upstream {
         name: name.value.clone(),
@@ -168,6 +175,7 @@ pub(super) fn upstream(
         tls_files,
         retries,
         resolve,
+        adaptive,
     })
 }
 

@@ -1,5 +1,6 @@
 //! Admission: the steps a request passes before it is forwarded (client, deny, normalise,
-//! route, body size, auth, body, limits, the route's own answer); each refuses or goes on.
+//! route, body size, auth, body, shed (an adaptive upstream's slot), limits, the route's own
+//! answer); each refuses or goes on.
 //! Owns the `route`, `client` and `limits` groups of the per-request context.
 
 use std::borrow::Cow;
@@ -22,6 +23,7 @@ use crate::key::{self, RequestFacts};
 use crate::limiter::{Denial, Lease, Outcome, PolicyOutcome};
 use crate::response::{self, AuthRefusal};
 use crate::routing;
+use crate::upstream::{self, Shed};
 
 /// The request goes on to its route's upstream.
 pub struct Admitted;
@@ -66,6 +68,9 @@ pub struct Limits {
     pub rate_headers: Vec<(&'static str, String)>,
     /// Concurrency slots, released when the request ends (dropped with the context).
     pub leases: Vec<Lease>,
+    /// Its place among its adaptive upstream's requests in flight (DESIGN §22), given
+    /// back when the request ends, however it ends.
+    pub slot: Option<upstream::Slot>,
 }
 
 /// What a request asks for, as routes and keys read it.
@@ -98,6 +103,7 @@ pub async fn admit<'g>(
         true => body(session, ctx, needs).await?,
         false => None,
     };
+    shed(ctx, gateway, route).await?;
     // The decision is awaited here, not in a step of its own: one future less to build.
     let client_cert = crate::tls::client_cert_id(session.digest());
     let facts = facts(
@@ -340,6 +346,37 @@ async fn body<'g>(
         RequestBody::TooLarge => return Err(Refusal::MeteredBodyTooLarge),
     }
     Ok(bound)
+}
+
+/// The plan label of `sluice_shed_total` for a consumer without a plan.
+const NO_PLAN: &str = "none";
+
+/// `adaptive` of the route's upstream (DESIGN §22): a slot within the share of the limit
+/// the request's plan may use, now or within `queue`, or shed before any policy is charged.
+async fn shed<'g>(ctx: &mut Ctx, gateway: &'g Gateway, route: &Route) -> Result<(), Refusal<'g>> {
+    let Target::Upstream(u) = route.target else {
+        return Ok(());
+    };
+    let Some(gate) = &gateway.upstreams[u].adaptive else {
+        return Ok(());
+    };
+    let plan = ctx.client.identity.plan.as_deref();
+    let share = plan.map_or(1.0, |p| gate.config().share(p));
+    match gate.admit(share).await {
+        Ok(slot) => {
+            ctx.limits.slot = Some(slot);
+            Ok(())
+        }
+        Err(Shed) => {
+            let name = &gateway.config.upstreams[u].name;
+            ctx.app
+                .metrics
+                .shed
+                .with_label_values(&[name.as_str(), plan.unwrap_or(NO_PLAN)])
+                .inc();
+            Err(Refusal::Shed(name))
+        }
+    }
 }
 
 /// What the route's policies key and decide on.

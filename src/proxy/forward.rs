@@ -30,6 +30,9 @@ pub struct Tries {
     retry_status: bool,
     /// A response header of the upstream went on to the client: no more retries.
     answered: bool,
+    /// With `adaptive` (DESIGN §22): when this try began, on its gate's clock (0: no try
+    /// awaiting its first response header).
+    try_started_us: u64,
 }
 
 /// `upstream_peer`: the route's upstream picks a server not yet tried while another is left.
@@ -45,6 +48,10 @@ pub fn peer(ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         ctx.tries.retries = upstream.tries();
     }
     let (addr, peer) = upstream.peer(ctx.client.ip, &ctx.tries.servers);
+    if let Some(slot) = &ctx.limits.slot {
+        // Each try is a latency sample; a retry runs in the request's slot.
+        ctx.tries.try_started_us = slot.gate().now_us().max(1);
+    }
     ctx.tries.servers.push(addr);
     ctx.tries.started.get_or_insert_with(Instant::now);
     Ok(peer)
@@ -114,7 +121,13 @@ pub fn proxy_failed(
 /// `upstream_response_filter`. With `retries` on 502, 503 or 504: such an answer, before any
 /// of it went to the client, ends this try with an error Pingora retries (another server
 /// where there is one); the last try's answer goes through as it is.
+/// With `adaptive`, the try's latency (its start to this header) is a sample of its gate.
 pub fn upstream_answered(ctx: &mut Ctx, session: &Session, resp: &ResponseHeader) -> Result<()> {
+    let started = std::mem::take(&mut ctx.tries.try_started_us);
+    if let (Some(slot), true) = (&ctx.limits.slot, started > 0) {
+        let gate = slot.gate();
+        gate.record(started, gate.now_us());
+    }
     let Some(tries) = &mut ctx.tries.retries else {
         return Ok(());
     };

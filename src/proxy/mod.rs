@@ -210,6 +210,7 @@ impl ProxyHttp for Proxy {
         // The request is over: its concurrency slots are free before the client hears so,
         // and can retry.
         ctx.limits.leases.clear();
+        ctx.limits.slot = None;
         let code = match (e.esource(), e.etype()) {
             (_, ErrorType::HTTPStatus(code)) => *code,
             (ErrorSource::Upstream, _) => 502,

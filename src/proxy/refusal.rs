@@ -39,6 +39,9 @@ pub enum Refusal<'g> {
     /// A policy's denial (or `max_failures`' ban): its status with `Retry-After`, the rate
     /// headers and the `reject` body, or RESOURCE_EXHAUSTED or UNAVAILABLE.
     Denied(Box<Denied<'g>>),
+    /// The route's adaptive upstream (this one) has no slot for the request within `queue`
+    /// (DESIGN §22): 503 with `Retry-After: 1`, or UNAVAILABLE.
+    Shed(&'g str),
     /// The route answers itself (`respond`), with the rate headers.
     Respond {
         status: u16,
@@ -204,6 +207,11 @@ pub fn render(
             };
             answer(status, content_type, body, rate.chain(more), extra)
         }
+        Refusal::Shed(upstream) => {
+            let body = response::problem(503, "Service Unavailable", &overloaded(upstream));
+            let retry = std::iter::once(("Retry-After", "1"));
+            answer(503, response::PROBLEM, body.into(), retry, extra)
+        }
         Refusal::Respond {
             status,
             content_type,
@@ -236,6 +244,9 @@ fn grpc_headers(
         }
         Refusal::NoRoute => response::grpc_status(GrpcStatus::Unimplemented, "no route"),
         Refusal::Auth(refusal) => response::grpc_auth_refusal(refusal),
+        Refusal::Shed(upstream) => {
+            response::grpc_status(GrpcStatus::Unavailable, &overloaded(upstream))
+        }
         Refusal::Denied(denied) => {
             let mut headers = response::grpc_denial(&denied.denial);
             headers.extend(rate_headers.iter().cloned());
@@ -245,12 +256,17 @@ fn grpc_headers(
     })
 }
 
-/// A problem+json answer with no headers of its own.
+/// The detail of `Refusal::Shed`.
+fn overloaded(upstream: &str) -> String {
+    format!("upstream \"{upstream}\" is overloaded: no slot within its adaptive concurrency limit; retry later")
+}
+
 /// The detail of `Refusal::BadBound`.
 fn bad_bound(field: &str) -> String {
     format!("`{field}` must be a plain non-negative integer, written once: it bounds what the request may cost")
 }
 
+/// A problem+json answer with no headers of its own.
 fn problem(status: u16, body: String, extra: Extra<'_>) -> Result<Rendered> {
     answer(
         status,

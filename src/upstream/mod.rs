@@ -1,8 +1,11 @@
 //! The upstream side (DESIGN §20): each configured upstream as one owner, `Upstream`, of
 //! its server pool (`pool`: selection and passive health, with `pool::health`, the active
 //! checks, and `pool::resolve`, names asked again on an interval), its TLS material for peers (`peer_tls`)
-//! and its retry budget (`retry`). The proxy asks it for one thing per try: `peer()`.
+//! its retry budget (`retry`) and, with `adaptive`, its learnt concurrency limit (`adaptive`:
+//! the gradient controller and the admission by plan share). The proxy asks it for one thing
+//! per try: `peer()`.
 
+mod adaptive;
 mod peer_tls;
 mod pool;
 mod retry;
@@ -19,6 +22,7 @@ use crate::metrics::Metrics;
 use peer_tls::PeerTls;
 use retry::Budget;
 
+pub use adaptive::{Gate, Shed, Slot};
 pub use pool::{outcome, pools, Pool};
 pub use retry::Tries;
 
@@ -33,21 +37,38 @@ pub struct Upstream {
     tls: PeerTls,
     /// `retries`: its budget, `None` without.
     retries: Option<Arc<Budget>>,
+    /// `adaptive` (DESIGN §22): its learnt concurrency limit and admission, `None` without.
+    pub adaptive: Option<Arc<Gate>>,
 }
 
 impl Upstream {
     /// The upstreams of `config`, in `config.upstreams` order, over its `pools` (built
-    /// first, since resolving can fail); primes the retry series of each.
-    pub fn all(config: &Config, pools: Vec<Arc<Pool>>, metrics: &Metrics) -> Vec<Arc<Upstream>> {
+    /// first, since resolving can fail); primes the retry series of each. An adaptive
+    /// upstream of `previous` (the config before a reload) with the same name and numbers
+    /// keeps its gate: the learnt limit and the requests in flight carry over.
+    pub fn all(
+        config: &Config,
+        pools: Vec<Arc<Pool>>,
+        previous: &[Arc<Upstream>],
+        metrics: &Metrics,
+    ) -> Vec<Arc<Upstream>> {
         config
             .upstreams
             .iter()
             .zip(pools)
             .map(|(u, pool)| {
+                let adaptive = u.adaptive.as_ref().map(|a| {
+                    previous
+                        .iter()
+                        .filter(|p| p.config().name == u.name)
+                        .find_map(|p| p.adaptive.clone().filter(|g| g.config() == a))
+                        .unwrap_or_else(|| Gate::new(a))
+                });
                 Arc::new(Upstream {
                     pool,
                     tls: PeerTls::new(&u.tls_files),
                     retries: Budget::new(u, metrics).map(Arc::new),
+                    adaptive,
                 })
             })
             .collect()
@@ -97,13 +118,57 @@ fn pools_of(upstreams: &[Arc<Upstream>]) -> Vec<Arc<pool::Pool>> {
 }
 
 /// Puts `new` (a config load) in service after `old`: the old pools stop checking and
-/// writing gauges. The new ones start their health checks and re-resolving with `start`.
+/// writing gauges (the new ones start their health checks and re-resolving with `start`);
+/// the adaptive series of upstreams no longer adaptive go, those of the new ones are primed.
 pub fn hand_over(old: &[Arc<Upstream>], new: &[Arc<Upstream>], metrics: &Metrics) {
     pool::hand_over(&pools_of(old), &pools_of(new), metrics);
+    for gone in old.iter().filter(|o| o.adaptive.is_some()) {
+        let name = gone.config().name.as_str();
+        if !new
+            .iter()
+            .any(|n| n.config().name == name && n.adaptive.is_some())
+        {
+            let _ = metrics
+                .upstream_concurrency_limit
+                .remove_label_values(&[name]);
+            let _ = metrics.upstream_in_flight.remove_label_values(&[name]);
+            let _ = metrics.upstream_latency_best.remove_label_values(&[name]);
+        }
+    }
+    for u in new {
+        if let Some(gate) = &u.adaptive {
+            // Every plan the config names, and `anonymous`, from load (at 0).
+            let name = u.config().name.as_str();
+            let plans = gate.config().shares.iter().map(|(plan, _)| plan.as_str());
+            for plan in plans.chain(["anonymous"]) {
+                metrics.shed.with_label_values(&[name, plan]);
+            }
+        }
+    }
+    publish_adaptive(new, metrics);
 }
 
 /// Starts the health checks and re-resolving of `upstreams` (on the current runtime); those
 /// of a config already replaced end at once.
 pub fn start(upstreams: &[Arc<Upstream>]) {
     pool::start(&pools_of(upstreams));
+}
+
+/// The adaptive upstreams' limit, requests in flight and best latency, into their gauges
+/// (at each scrape: nothing on the requests' path writes them).
+pub fn publish_adaptive(upstreams: &[Arc<Upstream>], metrics: &Metrics) {
+    for u in upstreams {
+        let Some(gate) = &u.adaptive else { continue };
+        let name = [u.config().name.as_str()];
+        let gauge = |g: &prometheus::IntGaugeVec, v: u64| {
+            g.with_label_values(&name).set(v as i64);
+        };
+        gauge(&metrics.upstream_concurrency_limit, gate.limit());
+        gauge(&metrics.upstream_in_flight, gate.in_flight());
+        let best = gate.best().map_or(0.0, |b| b.as_secs_f64());
+        metrics
+            .upstream_latency_best
+            .with_label_values(&name)
+            .set(best);
+    }
 }

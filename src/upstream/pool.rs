@@ -673,6 +673,7 @@ mod tests {
             keepalive_timeout: Duration::from_secs(60),
             protocol: crate::config::UpstreamProtocol::Http1,
             resolve: None,
+            adaptive: None,
             tls_files: Default::default(),
             retries: None,
         }

@@ -357,6 +357,22 @@
       td(r.server.address, 'key'),
       td(r.server.healthy ? 'up' : 'down', r.server.healthy ? 'up' : 'down'),
       td(r.upstream.health_check ? 'active + passive' : 'passive')), null, 'No upstreams.');
+    // `adaptive` upstreams (DESIGN §22): the learnt limit against what is in flight.
+    const adaptive = state.summary.upstreams.filter((u) => u.adaptive);
+    fill('adaptive-table', adaptive, (u) => u.name, (u) => {
+      const a = u.adaptive;
+      const load = el('meter');
+      load.max = a.limit;
+      load.value = Math.min(a.in_flight, a.limit);
+      load.title = `${a.in_flight} of ${a.limit} in flight`;
+      return el('tr', null,
+        td(u.name),
+        td(fmtCount(a.limit), 'num'),
+        td(fmtCount(a.in_flight), 'num'),
+        el('td', null, load),
+        td(a.best_ms == null ? 'probing' : `${a.best_ms.toFixed(1)} ms`, 'num'),
+        td(`${a.min_limit}–${a.max_limit}`));
+    }, null, 'No upstream has adaptive concurrency.');
   }
 
   function renderCertificates() {
