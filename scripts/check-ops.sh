@@ -101,9 +101,10 @@ trap 'exit 130' INT TERM
 
 check_unit() {
     # verify needs ExecStart's binary to exist: check a copy that runs the binary under test.
+    # Its `Documentation=man:sluice(1)` is the Debian package's man page, not this machine's.
     mkdir -p "$TMP/unit"
     sed "s#/usr/bin/sluice#$BIN#g" systemd/sluice.service >"$TMP/unit/sluice.service"
-    if systemd-analyze verify "$TMP/unit/sluice.service" >"$TMP/verify.out" 2>&1 && [[ ! -s $TMP/verify.out ]]; then
+    if systemd-analyze verify --man=no "$TMP/unit/sluice.service" >"$TMP/verify.out" 2>&1 && [[ ! -s $TMP/verify.out ]]; then
         pass "systemd-analyze verify systemd/sluice.service"
     else
         fail "systemd-analyze verify systemd/sluice.service"; show "$TMP/verify.out"
