@@ -620,8 +620,7 @@ pub(super) fn start(pools: &[Arc<Pool>]) {
 /// ends when its pool is dropped or retired by a reload.
 fn spawn_resolves(pools: &[Arc<Pool>]) {
     for pool in pools {
-        if let Some(r) = &pool.resolving {
-            r.prime(&pool.config.name);
+        if pool.resolving.is_some() {
             tokio::spawn(resolve::run(Arc::downgrade(pool)));
         }
     }
@@ -630,6 +629,13 @@ fn spawn_resolves(pools: &[Arc<Pool>]) {
 /// Hands the gauges over from `old` pools (a reload) to `new` ones: the old stop writing
 /// them, series of servers no longer configured are dropped, the rest show the new state.
 pub(super) fn hand_over(old: &[Arc<Pool>], new: &[Arc<Pool>], metrics: &Metrics) {
+    // Primed with the load, not when the tasks start: the first config's start waits for
+    // sluice's own listeners, and a scrape before that must see the series already.
+    for pool in new {
+        if let Some(r) = &pool.resolving {
+            r.prime(&pool.config.name);
+        }
+    }
     for pool in old {
         pool.retired.store(true, Ordering::Relaxed);
         if let Some(r) = &pool.resolving {
