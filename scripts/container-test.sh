@@ -84,20 +84,7 @@ podman rm -f "$quick" >/dev/null
 #    request to it is in flight.
 gateway=$(podman network inspect podman -f '{{range .Subnets}}{{.Gateway}}{{end}}')
 slow=$(free_port)
-python3 - "$slow" <<'EOF' &
-import http.server, sys, time
-class Slow(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        time.sleep(2)
-        body = b"slow answer\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Slow).serve_forever()
-EOF
+python3 scripts/slow-upstream.py "$slow" &
 slow_pid=$!
 cat > "$work/sluice.toml" <<EOF
 [server]

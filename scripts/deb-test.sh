@@ -154,20 +154,7 @@ ok "/metrics counts the rejections"
 #    and a route to an upstream on the host that takes 2 s to answer comes before the last.
 gateway=$(podman inspect -f '{{range .NetworkSettings.Networks}}{{.Gateway}}{{end}}' "$box")
 slow=$(python3 -c 'import socket; s=socket.socket(); s.bind(("0.0.0.0",0)); print(s.getsockname()[1])')
-python3 - "$slow" <<'EOF' &
-import http.server, sys, time
-class Slow(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        time.sleep(2)
-        body = b"slow answer\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Slow).serve_forever()
-EOF
+python3 scripts/slow-upstream.py "$slow" &
 slow_pid=$!
 python3 - "$gateway:$slow" > "$work/edited.toml" <<'EOF'
 import sys
