@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::apps::{HttpPersistentSettings, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::raw_connect::ProxyDigest;
 use pingora::protocols::tls::SslDigest;
@@ -100,7 +100,7 @@ impl ServerApp for Edge {
                 None if *shutdown.borrow() => session.set_keepalive(None),
                 None => session.set_keepalive(Some(60)),
             }
-            let reused = HttpServerApp::process_new_http(&self.proxy, session, shutdown).await?;
+            let reused = self.proxy.process_new_http_unboxed(session, shutdown).await?;
             let (stream, next) = reused.consume();
             settings = next;
             conn = stream.into_any().downcast::<ClientConn>().ok()?;

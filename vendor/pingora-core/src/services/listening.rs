@@ -231,7 +231,9 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                     let shutdown = shutdown.clone();
                     current_handle().spawn(async move {
                         let peer_addr = io.peer_addr();
-                        match timeout(Duration::from_secs(60), io.handshake()).await {
+                        // sluice: the handshake boxed. Inline, the TLS handshake future is
+                        // part of every connection's task for as long as it lives.
+                        match timeout(Duration::from_secs(60), Box::pin(io.handshake())).await {
                             Ok(handshake) => {
                                 match handshake {
                                     Ok(io) => Self::handle_event(io, app, shutdown).await,
