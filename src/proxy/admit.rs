@@ -96,7 +96,9 @@ pub async fn admit<'g>(
     let route = &config.routes[route_id];
     body_size(session, ctx, config, route)?;
     if route.auth != AuthMode::Off {
-        authenticate(session, ctx, gateway, route_id).await?;
+        // Boxed: its future is the largest of admission's, and Pingora copies the whole
+        // request filter's future into a box of its own on every request, auth or not.
+        Box::pin(authenticate(session, ctx, gateway, route_id)).await?;
     }
     let needs = BodyNeeds::of(config, route);
     let request_bound = match needs.bound.is_some() || needs.usage {

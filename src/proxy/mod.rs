@@ -97,7 +97,9 @@ impl ProxyHttp for Proxy {
             Err(refusal) => refusal,
         };
         let extra = Extra::of(ctx, &gateway);
-        refusal::write(session, refusal, extra, &ctx.limits.rate_headers).await?;
+        // Boxed: a refusal is the cold path; inline, its future would make every request's
+        // (which Pingora boxes and copies) larger.
+        Box::pin(refusal::write(session, refusal, extra, &ctx.limits.rate_headers)).await?;
         Ok(true)
     }
 

@@ -176,6 +176,11 @@ impl ConnectionNominations {
 }
 
 fn strip_standard_hop_by_hop_headers(req: &mut RequestHeader) {
+    // sluice: most requests carry none of these. One pass over the few names a request has
+    // costs less than ten removals that each hash a name and probe both header maps.
+    if !req.headers.keys().any(is_standard_hop_by_hop) {
+        return;
+    }
     req.remove_header(KEEP_ALIVE);
     req.remove_header(PROXY_CONNECTION);
     req.remove_header(&header::PROXY_AUTHENTICATE);
@@ -186,6 +191,20 @@ fn strip_standard_hop_by_hop_headers(req: &mut RequestHeader) {
     req.remove_header(&header::CONNECTION);
     req.remove_header(&header::UPGRADE);
     req.remove_header(HTTP2_SETTINGS);
+}
+
+fn is_standard_hop_by_hop(name: &header::HeaderName) -> bool {
+    [
+        &header::PROXY_AUTHENTICATE,
+        &header::PROXY_AUTHORIZATION,
+        &header::TE,
+        &header::TRAILER,
+        &header::TRANSFER_ENCODING,
+        &header::CONNECTION,
+        &header::UPGRADE,
+    ]
+    .contains(&name)
+        || [KEEP_ALIVE, PROXY_CONNECTION, HTTP2_SETTINGS].contains(&name.as_str())
 }
 
 /// Set H1 `Host` from the URI or absolute-form authority.

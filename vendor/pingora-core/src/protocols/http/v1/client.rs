@@ -284,9 +284,11 @@ impl HttpSession {
                         // while header_refs doesn't as it is still empty
                         let _num_headers = populate_headers(base, &mut header_refs, resp.headers);
 
+                        // sluice: room for the headers a proxy adds (RateLimit, RateLimit-Policy,
+                        // a request id): without it the first one grows both header maps.
                         let mut response_header = match ResponseHeader::build(
                             resp.code.unwrap(),
-                            Some(resp.headers.len()),
+                            Some(resp.headers.len() + ROOM_FOR_ADDED_HEADERS),
                         ) {
                             Ok(header) => Box::new(header),
                             Err(e) => return self.fail_response_header_read(e),

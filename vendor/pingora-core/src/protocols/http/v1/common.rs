@@ -31,6 +31,10 @@ pub(super) const MAX_HEADER_SIZE: usize = 1048575;
 
 pub(crate) const BODY_BUF_LIMIT: usize = 1024 * 64;
 
+/// sluice: header map capacity kept free, beyond the headers read, in a parsed request or
+/// response header, for the few a proxy adds before forwarding it.
+pub(crate) const ROOM_FOR_ADDED_HEADERS: usize = 4;
+
 pub const CRLF: &[u8; 2] = b"\r\n";
 /// The empty line that terminates a message's header section.
 pub(super) const HEADER_SECTION_END: &[u8; 4] = b"\r\n\r\n";

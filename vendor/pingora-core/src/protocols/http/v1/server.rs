@@ -353,7 +353,9 @@ impl HttpSession {
                             req.method.unwrap_or(""),
                             // we path httparse to allow unsafe bytes in the str
                             req.path.unwrap_or("").as_bytes(),
-                            Some(req.headers.len()),
+                            // sluice: room for the headers a proxy adds (X-Forwarded-For, a
+                            // request id): without it the first one grows both header maps.
+                            Some(req.headers.len() + ROOM_FOR_ADDED_HEADERS),
                         )?);
 
                         request_header.set_version(match req.version {
