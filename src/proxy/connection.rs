@@ -125,7 +125,7 @@ const IDLE: u8 = 2;
 const OFF: u8 = 3;
 
 /// Read-ahead for a request's first bytes: API requests fit in one read of this; longer
-/// headers are read on by Pingora. Allocated while idle, so kept small.
+/// headers are read on by Pingora.
 const STASH_SIZE: usize = 1024;
 
 /// What a prior-knowledge HTTP/2 client sends first (RFC 9113 §3.4).
@@ -217,17 +217,19 @@ impl ClientConn {
         if phase != self.armed {
             self.arm(phase);
         }
-        // Capacity only: no memory is touched until bytes arrive.
-        let mut stash = Vec::with_capacity(STASH_SIZE);
+        // Read into this future, not the heap: an idle connection then holds no buffer of
+        // its own. Its bytes overlap the request future's in the connection's, which the
+        // connection's first request has already touched.
+        let mut first = [0u8; STASH_SIZE];
         let deadline = self.deadline.deadline();
         let mut stopping = shutdown.clone();
         let read = tokio::select! {
-            read = tokio::time::timeout_at(deadline, self.inner.read_buf(&mut stash)) => read,
+            read = tokio::time::timeout_at(deadline, self.inner.read(&mut first)) => read,
             _ = stopping.changed() => return false,
         };
         match read {
             Ok(Ok(n)) if n > 0 => {
-                self.stash = stash;
+                self.stash = first[..n].to_vec();
                 if phase == IDLE {
                     self.phase.store(HEADER, Ordering::Relaxed);
                     self.arm(HEADER);
