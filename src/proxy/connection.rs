@@ -100,7 +100,10 @@ impl ServerApp for Edge {
                 None if *shutdown.borrow() => session.set_keepalive(None),
                 None => session.set_keepalive(Some(60)),
             }
-            let reused = self.proxy.process_new_http_unboxed(session, shutdown).await?;
+            let reused = self
+                .proxy
+                .process_new_http_unboxed(session, shutdown)
+                .await?;
             let (stream, next) = reused.consume();
             settings = next;
             conn = stream.into_any().downcast::<ClientConn>().ok()?;

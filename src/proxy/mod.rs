@@ -99,7 +99,13 @@ impl ProxyHttp for Proxy {
         let extra = Extra::of(ctx, &gateway);
         // Boxed: a refusal is the cold path; inline, its future would make every request's
         // (which Pingora boxes and copies) larger.
-        Box::pin(refusal::write(session, refusal, extra, &ctx.limits.rate_headers)).await?;
+        Box::pin(refusal::write(
+            session,
+            refusal,
+            extra,
+            &ctx.limits.rate_headers,
+        ))
+        .await?;
         Ok(true)
     }
 
