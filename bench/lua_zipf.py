@@ -9,11 +9,15 @@ For each LUA_DIR and algorithm it loads the script sluice sends for a one-policy
 private redis-server and drives it with CALLS decisions, one EVALSHA each, on keys drawn
 Zipf(s = 1) over KEYS keys (a fixed seed: every script sees the same key sequence),
 pipelined PIPELINE calls per write so the client is not what limits. The figure is the
-server's own: `usec_per_call` of the call's command in INFO commandstats (the script's
-run, its GET/SET/TIME included; not the protocol reading or reply writing around it).
+redis-server process's whole CPU per decision: utime + stime from /proc/PID/stat over the
+variant's run (reading the protocol, the script, its GET/SET/TIME, writing the reply),
+divided by the decisions. `usec_per_call` of the call's command in INFO commandstats (the
+command alone, without parsing and reply) is shown beside it.
 
 Beside them, on the same keys:
-  seeds      the seeds' fixed window: `INCR`, then `PEXPIRE` on the first hit, by EVALSHA
+  seeds      the seeds' fixed window, exactly: `INCR` KEYS[1]; `EXPIRE` it by ARGV[2]
+             seconds when the count is 1; 0 when the count is over ARGV[1], else 1; by
+             EVALSHA with one key and two arguments
   incr       a bare pipelined INCR (the floor of one key's read and write)
 and, with BATCH > 1, sluice's "batch" form (the one its Redis backend sends under load):
 BATCH consecutive decisions of the sequence per call, figure = usec_per_call / BATCH.
@@ -45,9 +49,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_ALGORITHMS = "fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 
+# The seeds' script, word for word in what it does: limit ARGV[1], window ARGV[2] seconds.
 SEEDS_SCRIPT = """local count = redis.call('INCR', KEYS[1])
-if count == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return count
+if count == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+end
+if count > tonumber(ARGV[1]) then
+  return 0
+end
+return 1
 """
 
 
@@ -172,6 +182,14 @@ def fields(lua_dir, alg):
     return ["decide1", "", alg, "100000000", "1000", "100000000", "", "1"]
 
 
+def cpu_seconds(pid):
+    """The process's user + system CPU so far, in seconds (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # After the ")" ending comm: state is field 3, utime 14 and stime 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def commandstat(conn, name):
     info = conn.call("INFO", "commandstats").decode()
     for line in info.splitlines():
@@ -238,7 +256,7 @@ def main():
         variants = []
         sha = conn.call("SCRIPT", "LOAD", SEEDS_SCRIPT).decode()
         variants.append(("seeds fixed_window", "evalsha", 1,
-                         [resp("EVALSHA", sha, 1, f"seed{{u{k}}}", 1000) for k in sequence]))
+                         [resp("EVALSHA", sha, 1, f"seed{{u{k}}}", 100000000, 1) for k in sequence]))
         variants.append(("bare INCR", "incr", 1, [resp("INCR", f"incr{{u{k}}}") for k in sequence]))
         for alg in algorithms:
             for label, d in dirs:
@@ -259,18 +277,22 @@ def main():
         conn.call("FLUSHALL")
 
         results = {v[0]: [] for v in variants}
+        command_usec = {v[0]: [] for v in variants}
         for rnd in range(1, rounds + 1):
             order = variants if rnd % 2 else list(reversed(variants))
             line = []
             for label, command, per_call, cmds in order:
                 conn.call("FLUSHALL")
                 conn.call("CONFIG", "RESETSTAT")
+                before = cpu_seconds(proc.pid)
                 conn.pipeline(cmds, per_write)
+                spent = cpu_seconds(proc.pid) - before
                 n, usec, failed = commandstat(conn, command)
                 if n < len(cmds) or failed:
                     die(f"{label}: {n} calls, {failed} failed, of {len(cmds)}")
-                per_decision = usec / n / per_call
+                per_decision = spent * 1e6 / n / per_call
                 results[label].append(per_decision)
+                command_usec[label].append(usec / n / per_call)
                 line.append(f"{label}={per_decision:.2f}")
             log(f"round {rnd}: " + " ".join(line))
     finally:
@@ -280,16 +302,20 @@ def main():
 
     seeds = results["seeds fixed_window"]
     seeds_med = statistics.median(seeds)
-    out = [f"Redis CPU per decision (µs: `usec_per_call` / decisions per call), redis {version}, "
-           f"{calls} decisions on {nkeys} Zipf(s=1) keys, seed {seed}, {rounds} rounds",
+    seeds_cmd = statistics.median(command_usec["seeds fixed_window"])
+    out = [f"redis-server CPU per decision (µs: the process's utime + stime over the run / "
+           f"decisions), redis {version}, {calls} decisions on {nkeys} Zipf(s=1) keys, seed {seed}, "
+           f"{rounds} rounds; `command` is INFO commandstats' usec_per_call / decisions per call",
            "",
-           "| script | median | min | ÷ seeds (medians) | median of round ratios |",
-           "|---|---:|---:|---:|---:|"]
+           "| script | median | min | ÷ seeds (medians) | median of round ratios | command | command ÷ seeds |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for label, _, _, _ in variants:
         values = results[label]
         ratios = [v / s for v, s in zip(values, seeds)]
+        cmd = statistics.median(command_usec[label])
         out.append(f"| {label} | {statistics.median(values):.2f} | {min(values):.2f} | "
-                   f"{statistics.median(values) / seeds_med:.2f}× | {statistics.median(ratios):.2f}× |")
+                   f"{statistics.median(values) / seeds_med:.2f}× | {statistics.median(ratios):.2f}× | "
+                   f"{cmd:.2f} | {cmd / seeds_cmd:.2f}× |")
     text = "\n".join(out)
     print(text)
     if os.environ.get("MARKDOWN"):
