@@ -3,6 +3,7 @@
 #
 # Usage: bench/lua_cost.sh [[LABEL=]LUA_DIR ...]      (default: current=<repo>/lua)
 #        bench/lua_cost.sh --script ALGORITHM [LUA_DIR]   print that script and exit
+#        bench/lua_cost.sh --library [LUA_DIR]   print the Redis 7 function library and exit
 #
 # For each algorithm it builds the script sluice sends for a one-policy request on that
 # algorithm, the way src/limiter/scripts.rs `source()` assembles it (common.lua, the
@@ -63,8 +64,38 @@ assemble() {
         printf '\nlocal ALGORITHMS = { %s = %s, }\n' "$alg" "$alg"
     fi
     cat "$dir/decide.lua"
+    # Since #42 decide.lua defines the entry point as a function; a script calls it.
+    if grep -q '^local function decide(keys, argv)' "$dir/decide.lua"; then
+        printf '\nreturn decide(KEYS, ARGV)\n'
+    fi
 }
 
+# The function library of lua dir $1 (as scripts.rs library()): every algorithm and
+# decide.lua, registered as function sluice_<the first 16 hex digits of the SHA-1 of that
+# text>, which is also the library's name.
+library() {
+    local dir=$1 alg names="" body
+    body=$(mktemp)
+    cat "$dir/common.lua" >"$body"
+    for alg in fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency; do
+        printf '\n' >>"$body"
+        cat "$dir/$alg.lua" >>"$body"
+        names+=" $alg = $alg,"
+    done
+    printf '\nlocal ALGORITHM, NAME, ALGORITHMS = nil, nil, {%s }\n' "$names" >>"$body"
+    cat "$dir/decide.lua" >>"$body"
+    local name
+    name=sluice_$(sha1sum "$body" | cut -c1-16)
+    printf '#!lua name=%s\n' "$name"
+    cat "$body"
+    printf "\nredis.register_function('%s', decide)\n" "$name"
+    rm -f "$body"
+}
+
+if [ "${1:-}" = --library ]; then
+    library "${2:-$ROOT/lua}"
+    exit 0
+fi
 if [ "${1:-}" = --script ]; then
     if [ $# -lt 2 ] || [ ! -f "${3:-$ROOT/lua}/$2.lua" ]; then
         die "usage: $0 --script ALGORITHM [LUA_DIR]"

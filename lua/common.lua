@@ -113,22 +113,29 @@ end
 -- live override lengthens a fixed window's period, the key would keep the old window's
 -- end, expire early and count from 0 again: over the limit.)
 local function flush()
-  local format, call = string.format, redis.call
+  local format, pack, call = string.format, struct.pack, redis.call
   for key, v in pairs(state) do
     local a = n1[key]
     if a ~= nil then
       local b, c = n2[key], n3[key]
       local text
+      -- (Only entries set are set to nil: that of an absent one would insert it.)
       if c ~= nil then
-        text = format('%d:%d:%d', a, b, c)
+        text = pack('<ddd', a, b, c)
+        n2[key], n3[key] = nil, nil
       elseif b ~= nil then
-        text = format('%d:%d', a, b)
+        text = pack('<dd', a, b)
+        n2[key] = nil
       else
         text = format('%d', a)
       end
+      n1[key] = nil
       call('PSETEX', key, format('%d', v), text)
     elseif v == 0 then
       call('DEL', key)
     end
+    -- Emptied as it goes (allowed while traversing): the library's tables serve the next
+    -- call.
+    state[key] = nil
   end
 end

@@ -11,13 +11,12 @@
 -- Every write sets the TTL again, even inside the window the key holds: keeping it (SET ...
 -- KEEPTTL, a third cheaper) would keep the end of a window of another period when a reload
 -- or a live override lengthens it, and the key would expire early and count again from 0.
-local function fixed_window(key, at, now, op, cost, x, y)
+local function fixed_window(key, rule, now, op, cost, x, y)
   local start, count = x, y
-  local argv = ARGV
   local allowed, remaining, reset, delay, first
-  local p = argv[at + 3] + 0
+  local p = rule[3]
   if p < 0 then
-    p, first, now = -p, argv[at + 4] + 0, argv[at + 5] + 0
+    p, first, now = -p, rule[4], rule[5] + 0
   end
   if op ~= 'store' then
     -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
@@ -33,17 +32,14 @@ local function fixed_window(key, at, now, op, cost, x, y)
         text = nil
       end
     end
-    if text then
-      local colon = string.find(text, ':', 1, true)
-      stored, stored_count = string.sub(text, 1, colon - 1) + 0, string.sub(text, colon + 1) + 0
-    end
+    if text then stored, stored_count = struct.unpack('<dd', text) end
     if op == 'refund' then
       start = first or x - x % p
       if stored ~= start then return end
       count = stored_count - cost
       if count < 0 then count = 0 end
     else
-      local limit = argv[at + 2] + 0
+      local limit = rule[2]
       start, count = first or now - now % p, 0
       -- The stored window began inside this one: this window, or (after a longer period
       -- came in) a part of it, whose units it keeps.

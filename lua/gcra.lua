@@ -15,10 +15,9 @@
 -- ARGV:   the check's limit, period, burst, max_delay ("": reject).
 -- Calls:  as common.lua describes; the state for 'store' is the new (used × period,
 --         last); 'refund' moves tat back by cost·T.
-local function gcra(key, at, now, op, cost, ahead, last)
-  local argv = ARGV
+local function gcra(key, rule, now, op, cost, ahead, last)
   local allowed, remaining, reset, delay
-  local limit, p = argv[at + 2] + 0, argv[at + 3] + 0
+  local limit, p = rule[2], rule[3]
   if op ~= 'store' then
     -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
     local text, scaled, period = state[key]
@@ -33,12 +32,7 @@ local function gcra(key, at, now, op, cost, ahead, last)
         text = nil
       end
     end
-    if text then
-      local c1 = string.find(text, ':', 1, true)
-      local c2 = string.find(text, ':', c1 + 1, true)
-      scaled, last, period = string.sub(text, 1, c1 - 1) + 0,
-        string.sub(text, c1 + 1, c2 - 1) + 0, string.sub(text, c2 + 1) + 0
-    end
+    if text then scaled, last, period = struct.unpack('<ddd', text) end
     if scaled and period ~= p then
       -- A new period: the same units, a part of one rounded up.
       scaled = (scaled + (-scaled) % period) / period * p
@@ -49,8 +43,8 @@ local function gcra(key, at, now, op, cost, ahead, last)
       ahead = scaled - cost * p
       if ahead < 0 then ahead = 0 end
     else
-      local shaping = argv[at + 1] == 'leaky_bucket'
-      local tolerance = argv[at + 4] * p
+      local shaping = rule[1] == 'leaky_bucket'
+      local tolerance = rule[4] * p
       -- ahead = (tat − now) × limit: drained since `last`, or 0 when tat is in the past;
       -- a clock that went back drains nothing.
       ahead = 0
@@ -85,7 +79,7 @@ local function gcra(key, at, now, op, cost, ahead, last)
           delay = new_ahead - tolerance
           delay = (delay + (-delay) % limit) / limit
         end
-        local max_delay = argv[at + 5]
+        local max_delay = rule[5]
         if max_delay == '' then
           allowed = delay == 0
         else

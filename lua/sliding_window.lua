@@ -7,11 +7,10 @@
 -- ARGV:   the check's limit, period.
 -- Calls:  as common.lua describes; the state for 'store' is (start, prev, curr); 'refund'
 --         takes back cost from the window of the charge, current or previous.
-local function sliding_window(key, at, now, op, cost, x, y, z)
+local function sliding_window(key, rule, now, op, cost, x, y, z)
   local start, prev, curr = x, y, z
-  local argv = ARGV
   local allowed, remaining, reset, retry
-  local p = argv[at + 3] + 0
+  local p = rule[3]
   if op ~= 'store' then
     -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
     local text, stored
@@ -27,12 +26,7 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
         text = nil
       end
     end
-    if text then
-      local c1 = string.find(text, ':', 1, true)
-      local c2 = string.find(text, ':', c1 + 1, true)
-      stored, prev, curr = string.sub(text, 1, c1 - 1) + 0,
-        string.sub(text, c1 + 1, c2 - 1) + 0, string.sub(text, c2 + 1) + 0
-    end
+    if text then stored, prev, curr = struct.unpack('<ddd', text) end
     if op == 'refund' then
       if not stored then return end
       start = x - x % p
@@ -48,7 +42,7 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
       end
       start = stored
     else
-      local limit = argv[at + 2] + 0
+      local limit = rule[2]
       start = now - now % p
       if stored ~= start then
         if stored and stored + p == start then

@@ -501,7 +501,11 @@ fn script_calls(redis: &RedisServer) -> String {
     redis
         .cli(&["INFO", "commandstats"])
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+                l.starts_with("cmdstat_fcall:")
+                    || l.starts_with("cmdstat_evalsha:")
+                    || l.starts_with("cmdstat_eval:")
+            })
         .collect::<Vec<_>>()
         .join(" ")
 }
