@@ -1,9 +1,11 @@
--- decide.lua: the entry point. Decides every check of one request in one atomic call,
--- all or nothing, using the algorithm files concatenated ahead of it; or, in one "batch"
--- call, the requests of several callers one after another, each all or nothing on its own.
+-- decide.lua: the entry point, decide(keys, argv): KEYS and ARGV of one FCALL of the
+-- library, or of one EVALSHA of the script (common.lua). Decides every check of one
+-- request in one atomic call, all or nothing, using the algorithm files concatenated ahead
+-- of it; or, in one "batch" call, the requests of several callers one after another, each
+-- all or nothing on its own.
 --
--- KEYS:   one key per check, `<key_prefix>{<hash>}:<policy>:<algorithm>`; then, for each
---         check flagged "2" (below), in order, its ban key (`<its key>:ban`).
+-- KEYS:   one key per check, `<key_prefix>{<hash>}:<policy>:<algorithm>[.v3]`; then, for
+--         each check flagged "2" (below), in order, its ban key (`<its key>:ban`).
 -- ARGV[1] mode:
 --           "decide" then one character per check, "1" if it is enforced, "0" if it is a
 --                     shadow, "2" if it is enforced and bans ("decide1", "decide10", ...):
@@ -22,23 +24,25 @@
 --           "batch"   several requests, each decided exactly as its own "decide" call
 --                     would be, in order (so each sees what those before it charged).
 --                     After ARGV[2], request after request: its "decide..." mode, with
---                     ARGV[2] = "each" its now, then its fields and bans as below; or
---                     "=" (then its now with "each"): the mode, fields and bans of the
---                     request before it. KEYS hold each request's keys then its ban keys,
---                     request after request
+--                     ARGV[2] = "each" its now, then its fields and bans as below; after
+--                     a request, "=" and a count N: the N requests that follow have its
+--                     mode, fields and bans (with "each", their N nows come next). KEYS
+--                     hold each request's keys then its ban keys, request after request
 -- ARGV[2] now in ms, or "" to read the server's clock (TIME; a batch reads it once), or
 --         for "batch" "each": every request brings its own now
--- then six fields per check (for "adjust" seven, see there): algorithm, limit, period_ms,
---         burst, max_delay_ms ("" when requests over the limit are rejected), cost;
---         concurrency puts lease_ms in the place of burst and in that of max_delay the
---         lease id the request takes if admitted ("0": none).
---         Then, for each check flagged "2", in order, its ban in ms.
--- Returns "decide"/"peek": {now, then per check: allowed (1/0, or 2: denied by a standing
---         ban), remaining, reset_ms, delay_ms (allowed: the wait before it passes; denied:
---         the retry-after)};
---         "batch": the same integers as one string of big-endian 64-bit integers (struct
---         ">i8" each): now (0 with "each"), then those four per check of every request,
---         request after request;
+-- then two fields per check (for "adjust" three: its rule, the amount, the time of the
+--         charge): its rule, "<algorithm> <limit> <period_ms> <burst> <max_delay_ms>"
+--         (max_delay_ms empty when requests over the limit are rejected; concurrency puts
+--         lease_ms in the place of burst and in that of max_delay the lease id the request
+--         takes if admitted, "0": none), and its cost. One argument for the rule, not
+--         five: Redis makes a Lua string of every argument and the library parses a
+--         rule's text once (rule_of). Then, for each check flagged "2", in order, its ban
+--         in ms.
+-- Returns "decide"/"peek" and "batch": one string of big-endian 64-bit integers (struct
+--         ">i8" each), not an array of them (each element of which Redis would make a
+--         reply of and the client parse): now (0 with "each"), then per check allowed (1/0,
+--         or 2: denied by a standing ban), remaining, reset_ms, delay_ms (allowed: the wait
+--         before it passes; denied: the retry-after), request after request;
 --         "adjust"/"release": {now}; "renew": {now, then per key 1 if the lease was
 --         live (and is renewed), else 0}. Whether a decide charged follows from the verdicts.
 --
@@ -58,10 +62,8 @@
 -- follows the script's clock (TIME or the caller's) as state does.
 --
 -- Reading TIME before writing needs script effects replication, the default since Redis
--- 5 (the oldest sluice supports), so the script does not call redis.replicate_commands().
---
--- Why so few arguments: Redis builds the ARGV table on every call, and a ninth element
--- makes it grow once more; so one check takes eight.
+-- 5 (the oldest sluice supports) and the only mode of functions, so decide does not call
+-- redis.replicate_commands().
 
 -- Generated just above this file by src/limiter/scripts.rs: ALGORITHM and NAME when the
 -- script holds one algorithm (ALGORITHMS is nil: no table to build on every EVALSHA),
@@ -179,7 +181,8 @@ local decide_many
 -- The entry point: KEYS and ARGV of one call.
 local function decide(keys, argv)
   -- Left over from a call that failed halfway (the library's tables outlive calls).
-  if next(state) ~= nil then state, n1, n2, n3 = {}, {}, {}, {} end
+  if next(state) ~= nil then state, ttls = {}, {} end
+  if not pack then pack, unpack_state, format = struct.pack, struct.unpack, string.format end
   local mode, now = argv[1], argv[2]
   local each = false
   if now == '' then
@@ -231,8 +234,8 @@ local function decide_request(keys, argv, mode, now, k, r, b, flags, charge, pee
     local flag, ban_until = string.byte(mode, flags + i - 1), nil
     if flag == 50 then
       banned = banned + 1
-      local text, written = read(keys[k + checks + banned])
-      ban_until = text and text + 0 or written
+      local text = read(keys[k + checks + banned])
+      ban_until = text and text + 0
       if ban_until and ban_until <= now then ban_until = nil end
     end
     if ban_until then
@@ -255,7 +258,7 @@ local function decide_request(keys, argv, mode, now, k, r, b, flags, charge, pee
         local q = r + 4 * i - 3
         if reply[q] == 0 then
           local ban = argv[b + n] + 0
-          write(keys[k + checks + n], ban, now + ban)
+          write(keys[k + checks + n], ban, format('%d', now + ban))
           reply[q + 2], reply[q + 3] = ban, ban
         end
       end
@@ -384,8 +387,7 @@ decide_many = function(keys, argv, mode, now, each)
     return redis.error_reply('sluice: a batch of ' .. #keys .. ' keys and ' .. last ..
       ' arguments does not add up')
   end
-  flush()
-  -- A batch's tables grew with its keys: start the next call with small ones.
-  if batch then state, n1, n2, n3 = {}, {}, {}, {} end
+  -- A batch's tables grew with its keys: the next call starts with new ones.
+  flush(batch)
   return packed(reply)
 end

@@ -24,15 +24,8 @@ local function fixed_window(key, rule, now, op, cost, x, y)
     if text == nil then
       text = redis.call('GET', key)
       state[key] = text
-    else
-      stored = n1[key]
-      if stored ~= nil then
-        text, stored_count = nil, n2[key]
-      elseif text == 0 then
-        text = nil
-      end
     end
-    if text then stored, stored_count = struct.unpack('<dd', text) end
+    if text then stored, stored_count = unpack_state('<dd', text) end
     if op == 'refund' then
       start = first or x - x % p
       if stored ~= start then return end
@@ -64,9 +57,9 @@ local function fixed_window(key, rule, now, op, cost, x, y)
   local ttl = start + p - now
   -- write(key, ttl, start, count), inlined
   if ttl == true or ttl > 0 then
-    state[key], n1[key], n2[key] = ttl, start, count
+    state[key], ttls[key] = pack('<dd', start, count), ttl
   else
-    state[key], n1[key] = 0, nil
+    state[key], ttls[key] = false, 0
   end
   return allowed, remaining, reset, delay
 end

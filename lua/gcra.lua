@@ -24,15 +24,8 @@ local function gcra(key, rule, now, op, cost, ahead, last)
     if text == nil then
       text = redis.call('GET', key)
       state[key] = text
-    else
-      scaled = n1[key]
-      if scaled ~= nil then
-        text, last, period = nil, n2[key], n3[key]
-      elseif text == 0 then
-        text = nil
-      end
     end
-    if text then scaled, last, period = struct.unpack('<ddd', text) end
+    if text then scaled, last, period = unpack_state('<ddd', text) end
     if scaled and period ~= p then
       -- A new period: the same units, a part of one rounded up.
       scaled = (scaled + (-scaled) % period) / period * p
@@ -113,9 +106,9 @@ local function gcra(key, rule, now, op, cost, ahead, last)
   local ttl = last + (ahead + (-ahead) % limit) / limit - now
   -- write(key, ttl, ahead, last, p), inlined
   if ttl > 0 then
-    state[key], n1[key], n2[key], n3[key] = ttl, ahead, last, p
+    state[key], ttls[key] = pack('<ddd', ahead, last, p), ttl
   else
-    state[key], n1[key] = 0, nil
+    state[key], ttls[key] = false, 0
   end
   return allowed, remaining, reset, delay
 end

@@ -24,6 +24,7 @@
 --             key's state having moved past them (a new window, a full bucket)
 -- A standing ban grants nothing.
 local argv = ARGV
+pack, unpack_state, format = struct.pack, struct.unpack, string.format
 local now = argv[2]
 if now == '' then
   local time = redis.call('TIME')
@@ -51,9 +52,9 @@ end
 
 local banned = false
 if KEYS[2] then
-  local text, written = read(KEYS[2])
-  local ban_until = text and text + 0 or written
-  banned = ban_until ~= nil and ban_until > now
+  local text = read(KEYS[2])
+  local ban_until = text and text + 0
+  banned = ban_until and ban_until > now or false
 end
 
 local granted = 0

@@ -18,15 +18,8 @@ local function sliding_window(key, rule, now, op, cost, x, y, z)
     if text == nil then
       text = redis.call('GET', key)
       state[key] = text
-    else
-      stored = n1[key]
-      if stored ~= nil then
-        text, prev, curr = nil, n2[key], n3[key]
-      elseif text == 0 then
-        text = nil
-      end
     end
-    if text then stored, prev, curr = struct.unpack('<ddd', text) end
+    if text then stored, prev, curr = unpack_state('<ddd', text) end
     if op == 'refund' then
       if not stored then return end
       start = x - x % p
@@ -124,9 +117,9 @@ local function sliding_window(key, rule, now, op, cost, x, y, z)
   if curr > 0 then ttl = ttl + p end
   -- write(key, ttl, start, prev, curr), inlined
   if ttl > 0 then
-    state[key], n1[key], n2[key], n3[key] = ttl, start, prev, curr
+    state[key], ttls[key] = pack('<ddd', start, prev, curr), ttl
   else
-    state[key], n1[key] = 0, nil
+    state[key], ttls[key] = false, 0
   end
   return allowed, remaining, reset, retry
 end
