@@ -209,8 +209,19 @@ local function decide(keys, argv)
       local rule, run, cost
       rule, run, cost, op = check_of(argv[3], argv[4], op)
       if not run then return unknown(argv[3]) end
-      local allowed, remaining, reset, delay = run(keys[1], rule, now, op, cost)
-      flush()
+      local key = keys[1]
+      local allowed, remaining, reset, delay = run(key, rule, now, op, cost)
+      -- flush() for the one key (sliding_log and concurrency write as they go).
+      local ttl = ttls[key]
+      if ttl then
+        if ttl > 0 then
+          redis.call('PSETEX', key, format('%d', ttl), state[key])
+        else
+          redis.call('DEL', key)
+        end
+        ttls[key] = nil
+      end
+      if state[key] ~= nil then state[key] = nil end
       return struct.pack('>i8i8i8i8i8', now, allowed and 1 or 0, remaining, reset, delay)
     end
   end
