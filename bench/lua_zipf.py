@@ -281,7 +281,7 @@ def main():
         for alg in algorithms:
             for label, d in dirs:
                 argv = fields(d, alg)
-                key = f"sl{{u1}}:p:{alg}"
+                key = f"check-{label}{{u1}}:p:{alg}"  # each layout its own key
                 forms = []
                 if is_library(d):
                     text = library(d)

@@ -75,18 +75,20 @@
 --
 -- Stored layout (v3, issue #42, versioned in the key: `…:fixed_window.v3`,
 -- `…:sliding_window.v3`, `…:token_bucket.v3`, `…:gcra.v3`, `…:leaky_bucket.v3`): the
--- numbers of each algorithm's state packed as little-endian doubles, struct.pack('<dd')
--- or ('<ddd'), unpacked with one struct.unpack, where the text of v2 ("a:b:c") took a
--- string.find, a string.sub and a conversion a number to read and a string.format to
--- write. The buckets keep the units in use ("used, last, period"), which an override's
--- new numbers do not change. During a rolling upgrade, older instances keep their own
--- keys (the text layout), so old and new instances keep separate state for at most one
--- period. Ban keys hold their end time as decimal text; sliding_log and concurrency keep
+-- three numbers of each algorithm's state packed as little-endian doubles,
+-- struct.pack('<ddd'), read with one struct.unpack, where the text of v2 ("a:b:c") took
+-- a string.find, a string.sub and a conversion per number to read and a string.format to
+-- write. fixed_window keeps (start, count, period), the buckets the units in use (used,
+-- last, period), which an override's new numbers do not change, sliding_window (start,
+-- prev, curr). During a rolling upgrade, older instances keep their own keys (the text
+-- layout), so old and new instances keep separate state for at most one period. Ban keys
+-- hold their end time as decimal text; sliding_log and concurrency keep
 -- their sorted sets and key names.
 
 -- The call's string state, by key: `state[key]` is the text the key holds (false: none),
 -- as Redis holds it until this call writes the key, then as it will; `ttls[key]` is set
--- once the call has written the key: its TTL in ms, or 0 (deleted). Two tables, not one
+-- once the call has written the key: its TTL in ms, 0 (deleted) or true (the key keeps
+-- its TTL). Two tables, not one
 -- a field: every new key in a table costs an insert (and now and then a rehash). In the
 -- function library they outlive the call: flush() empties them, and a call that finds
 -- them not empty (one before it failed halfway) starts new ones (decide.lua).
@@ -116,14 +118,15 @@ local function write(key, ttl, text)
 end
 
 -- PSETEX rather than SET ... PX: one argument less to convert, the same command inside.
--- (Not SET ... KEEPTTL inside a window the key holds, a third cheaper: when a reload or a
--- live override lengthens a fixed window's period, the key would keep the old window's
--- end, expire early and count from 0 again: over the limit.) Then the tables are emptied
+-- A TTL of `true` keeps the key's (SET ... KEEPTTL: fixed_window, inside the window the
+-- key holds). Then the tables are emptied
 -- for the next call (the library's outlive it): entry by entry (allowed while traversing),
 -- or with `fresh` (a batch, whose tables grew with its keys) replaced by new ones.
 local function flush(fresh)
   for key, ttl in pairs(ttls) do
-    if ttl > 0 then
+    if ttl == true then
+      redis.call('SET', key, state[key], 'KEEPTTL')
+    elseif ttl > 0 then
       redis.call('PSETEX', key, format('%d', ttl), state[key])
     else
       redis.call('DEL', key)

@@ -214,7 +214,9 @@ local function decide(keys, argv)
       -- flush() for the one key (sliding_log and concurrency write as they go).
       local ttl = ttls[key]
       if ttl then
-        if ttl > 0 then
+        if ttl == true then
+          redis.call('SET', key, state[key], 'KEEPTTL')
+        elseif ttl > 0 then
           redis.call('PSETEX', key, format('%d', ttl), state[key])
         else
           redis.call('DEL', key)
