@@ -232,7 +232,8 @@ fn script(set: AlgorithmSet) -> &'static Script {
     SCRIPTS[set & EVERY_ALGORITHM].get_or_init(|| Script::new(&source(set)))
 }
 
-/// The script that holds every algorithm: loaded at connect to check the server takes it.
+/// The script that holds every algorithm: loaded at connect, where the server has no
+/// functions, to check it takes it.
 fn full_script() -> &'static Script {
     script(EVERY_ALGORITHM)
 }
@@ -241,8 +242,9 @@ fn full_script() -> &'static Script {
 /// reset_ms, and delay_ms (the wait when allowed, the retry-after when denied).
 const REPLY_FIELDS: usize = 4;
 
-/// A script's reply of integers: an array of them, or, from a batch, one string of them
-/// packed big-endian, eight bytes each (cheaper to read than hundreds of array elements).
+/// A call's reply of integers: an array of them, or (decide, peek, batch) one string of
+/// them packed big-endian, eight bytes each (cheaper for Redis to write and for redis-rs to
+/// read than array elements).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Integers(pub Vec<i64>);
 
