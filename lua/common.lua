@@ -75,12 +75,14 @@
 --
 -- Stored layout (v3, issue #42, versioned in the key: `…:fixed_window.v3`,
 -- `…:sliding_window.v3`, `…:token_bucket.v3`, `…:gcra.v3`, `…:leaky_bucket.v3`): the
--- three numbers of each algorithm's state packed as little-endian doubles,
--- struct.pack('<ddd'), read with one struct.unpack, where the text of v2 ("a:b:c") took
--- a string.find, a string.sub and a conversion per number to read and a string.format to
--- write. fixed_window keeps (start, count, period), the buckets the units in use (used,
--- last, period), which an override's new numbers do not change, sliding_window (start,
--- prev, curr). During a rolling upgrade, older instances keep their own keys (the text
+-- numbers of each algorithm's state packed as little-endian doubles, struct.pack('<ddd'),
+-- read with one struct.unpack, where the text of v2 ("a:b:c") took a string.find, a
+-- string.sub and a conversion per number to read and a string.format to write.
+-- fixed_window keeps (start, count, period), sliding_window (start, prev, curr, period):
+-- with the period, a write inside the window its key holds knows the key's TTL is the
+-- one it would set, and keeps it (SET ... KEEPTTL, no TTL formatted or set). The buckets
+-- keep the units in use (used, last, period), which an override's new numbers do not
+-- change. During a rolling upgrade, older instances keep their own keys (the text
 -- layout), so old and new instances keep separate state for at most one period. Ban keys
 -- hold their end time as decimal text; sliding_log and concurrency keep
 -- their sorted sets and key names.

@@ -2,24 +2,29 @@
 -- the part of it still inside the sliding period. Allows when
 -- prev × (period − elapsed) / period + curr + cost <= limit (compared multiplied by period).
 --
--- KEYS:   the check's key, a string "<current window start ms>:<prev>:<curr>", TTL =
---         start + 2 periods (1 when curr = 0).
+-- KEYS:   the check's key, the current window's start (ms), prev, curr and the period
+--         (ms) packed as doubles (common.lua), TTL = start + 2 periods (1 when curr = 0).
+--         A write inside the window the key holds in Redis, of the same period, with a
+--         count in it before and after, keeps the TTL (SET ... KEEPTTL), which is that one.
 -- ARGV:   the check's limit, period.
 -- Calls:  as common.lua describes; the state for 'store' is (start, prev, curr); 'refund'
 --         takes back cost from the window of the charge, current or previous.
 local function sliding_window(key, rule, now, op, cost, x, y, z)
   local start, prev, curr = x, y, z
-  local allowed, remaining, reset, retry
+  local allowed, remaining, reset, retry, held
   local p = rule[3]
   if op ~= 'store' then
     -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
-    local text, stored
+    local text, stored, stored_p
     text, stored, prev, curr = state[key]
     if text == nil then
       text = redis.call('GET', key)
       state[key] = text
     end
-    if text then stored, prev, curr = unpack_state('<ddd', text) end
+    if text then stored, prev, curr, stored_p = unpack_state('<dddd', text) end
+    -- The key holds this window (below), of this period, with a count: its TTL is
+    -- start + 2 periods, in Redis unless this call wrote it.
+    held = stored_p == p and curr and curr > 0
     if op == 'refund' then
       if not stored then return end
       start = x - x % p
@@ -37,6 +42,7 @@ local function sliding_window(key, rule, now, op, cost, x, y, z)
     else
       local limit = rule[2]
       start = now - now % p
+      held = held and stored == start
       if stored ~= start then
         if stored and stored + p == start then
           prev, curr = curr, 0
@@ -115,9 +121,11 @@ local function sliding_window(key, rule, now, op, cost, x, y, z)
   end
   local ttl = start + p - now
   if curr > 0 then ttl = ttl + p end
-  -- write(key, ttl, start, prev, curr), inlined
+  -- write(key, ttl, text) of common.lua, inlined; `true`: SET ... KEEPTTL (fixed_window.lua)
   if ttl > 0 then
-    state[key], ttls[key] = pack('<ddd', start, prev, curr), ttl
+    local written = ttls[key]
+    if held and curr > 0 and (written == nil or written == true) then ttl = true end
+    state[key], ttls[key] = pack('<dddd', start, prev, curr, p), ttl
   else
     state[key], ttls[key] = false, 0
   end

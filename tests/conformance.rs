@@ -755,10 +755,10 @@ fn script_calls(server: &RedisServer) -> u64 {
     stats
         .lines()
         .filter(|l| {
-                l.starts_with("cmdstat_fcall:")
-                    || l.starts_with("cmdstat_evalsha:")
-                    || l.starts_with("cmdstat_eval:")
-            })
+            l.starts_with("cmdstat_fcall:")
+                || l.starts_with("cmdstat_evalsha:")
+                || l.starts_with("cmdstat_eval:")
+        })
         .map(|l| field(l, "calls") - field(l, "failed_calls"))
         .sum()
 }

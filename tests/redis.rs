@@ -502,10 +502,10 @@ fn script_calls(redis: &RedisServer) -> String {
         .cli(&["INFO", "commandstats"])
         .lines()
         .filter(|l| {
-                l.starts_with("cmdstat_fcall:")
-                    || l.starts_with("cmdstat_evalsha:")
-                    || l.starts_with("cmdstat_eval:")
-            })
+            l.starts_with("cmdstat_fcall:")
+                || l.starts_with("cmdstat_evalsha:")
+                || l.starts_with("cmdstat_eval:")
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -759,7 +759,10 @@ fn command_calls(redis: &RedisServer, command: &str) -> String {
 fn decisions_call_the_function_library_and_load_it_again_when_it_is_gone() {
     let redis = RedisServer::start();
     let s = Sluice::start(&config(
-        &redis_limiter(&redis, "timeout = \"2s\"\non_error = \"deny\"\ndeny_cache = 0"),
+        &redis_limiter(
+            &redis,
+            "timeout = \"2s\"\non_error = \"deny\"\ndeny_cache = 0",
+        ),
         "threads = 2",
         &policy("p", "gcra", 4, "1h", "", ""),
         &[("a", "\"p\"")],
@@ -785,10 +788,19 @@ fn decisions_call_the_function_library_and_load_it_again_when_it_is_gone() {
 /// sluice says so once and decides by EVALSHA, exactly as by FCALL.
 #[test]
 fn a_server_without_functions_is_decided_by_evalsha() {
-    let redis =
-        RedisServer::start_with(&["--rename-command", "FUNCTION", "", "--rename-command", "FCALL", ""]);
+    let redis = RedisServer::start_with(&[
+        "--rename-command",
+        "FUNCTION",
+        "",
+        "--rename-command",
+        "FCALL",
+        "",
+    ]);
     let s = Sluice::start(&config(
-        &redis_limiter(&redis, "timeout = \"2s\"\non_error = \"deny\"\ndeny_cache = 0"),
+        &redis_limiter(
+            &redis,
+            "timeout = \"2s\"\non_error = \"deny\"\ndeny_cache = 0",
+        ),
         "threads = 2",
         &two_policies(),
         &[("a", "\"p\""), ("b", "\"q\"")],
@@ -798,7 +810,12 @@ fn a_server_without_functions_is_decided_by_evalsha() {
     let b: Vec<u16> = (0..3).map(|_| s.get("/b").status).collect();
     assert_eq!((a, b), (vec![200, 200, 200, 429], vec![200, 200, 429]));
     // Seven decisions (a first call of each script answers NOSCRIPT, which does not count).
-    assert_eq!(redis.scripts_run(), 7, "{}", command_calls(&redis, "evalsha"));
+    assert_eq!(
+        redis.scripts_run(),
+        7,
+        "{}",
+        command_calls(&redis, "evalsha")
+    );
     assert!(command_calls(&redis, "evalsha").contains("calls="));
     assert!(
         s.stderr().contains("deciding by EVALSHA instead"),

@@ -113,9 +113,8 @@ fn library() -> &'static (String, String) {
     LIBRARY.get_or_init(|| {
         let body = body(EVERY_ALGORITHM);
         let name = format!("sluice_{}", &Script::new(&body).get_hash()[..16]);
-        let text = format!(
-            "#!lua name={name}\n{body}\nredis.register_function('{name}', decide)\n"
-        );
+        let text =
+            format!("#!lua name={name}\n{body}\nredis.register_function('{name}', decide)\n");
         (text, name)
     })
 }
@@ -475,12 +474,7 @@ pub(crate) fn release_invocation(key: &str, lease: u64) -> Call {
 /// Makes concurrency lease `lease` under `key`, if still live, expire `lease_ms` after now
 /// (`now` as for `invocation`). The reply is `{now, 1}` if the lease was live, else
 /// `{now, 0}`.
-pub(crate) fn renew_invocation(
-    key: &str,
-    lease: u64,
-    lease_ms: u64,
-    now: Option<u64>,
-) -> Call {
+pub(crate) fn renew_invocation(key: &str, lease: u64, lease_ms: u64, now: Option<u64>) -> Call {
     let mut call = Call::new(bit(Algorithm::Concurrency));
     call.key(key)
         .arg("renew")
@@ -789,7 +783,10 @@ mod tests {
         assert_eq!(call.args[0], b"decide02");
         // One check to decide: four arguments (each costs Redis a Lua string and more).
         let call = invocation(Mode::Decide, [&check], None);
-        assert_eq!(call.args, [&b"decide0"[..], b"", b"gcra 3 1000 5 250", b"2"]);
+        assert_eq!(
+            call.args,
+            [&b"decide0"[..], b"", b"gcra 3 1000 5 250", b"2"]
+        );
         assert_eq!(call.keys.len(), 1);
     }
 
@@ -853,7 +850,10 @@ mod tests {
             ..check.clone()
         };
         let mixed = batch_invocation(&[(&one, None), (std::slice::from_ref(&window), None)]);
-        assert_eq!(mixed.set, bit(Algorithm::Gcra) | bit(Algorithm::FixedWindow));
+        assert_eq!(
+            mixed.set,
+            bit(Algorithm::Gcra) | bit(Algorithm::FixedWindow)
+        );
         assert_eq!(flags("decide", &[&two[0], &two[1], &window]), "decide121");
     }
 
