@@ -22,6 +22,7 @@
 //!   hashed on first use). sluice falls back to it, for the rest of the process, when the
 //!   server has no functions (Redis < 7 answers FCALL or FUNCTION with "unknown command")
 //!   or refuses them to sluice's user (NOPERM), and logs that once.
+//!
 //! `bench/lua_cost.sh` builds both texts as these functions do; `bench/lua_zipf.py`
 //! measures the server CPU of each.
 
