@@ -3,6 +3,10 @@
 #
 # Usage: bench/lua_cost.sh [[LABEL=]LUA_DIR ...]      (default: current=<repo>/lua)
 #        bench/lua_cost.sh --script ALGORITHM [LUA_DIR]   print that script and exit
+#        bench/lua_cost.sh --library [LUA_DIR]   print the Redis 7 function library and exit
+#
+# It measures the script form (EVALSHA), which sluice uses on servers without Redis
+# functions; bench/lua_zipf.py measures the function library sluice calls by FCALL.
 #
 # For each algorithm it builds the script sluice sends for a one-policy request on that
 # algorithm, the way src/limiter/scripts.rs `source()` assembles it (common.lua, the
@@ -12,9 +16,10 @@
 # (EVALSHA, mode "decide", now "" so the script reads TIME, a limit nothing reaches) and
 # reads `usec_per_call` of `cmdstat_evalsha` from INFO commandstats: the server CPU of
 # one decision, TIME/GET/SET included. For gcra the call is
-#   EVALSHA <sha> 1 k{a}:p:gcra decide1 "" gcra 100000000 1000 100000000 "" 1
+#   EVALSHA <sha> 1 k{a}:p:gcra decide1 "" "gcra 100000000 1000 100000000 " 1
 # A LUA_DIR from before the current script contract (generated `local ALGORITHMS = {...}`
-# line, nine ARGV fields per check) is built and called the way it expects.
+# line, nine ARGV fields per check; or six, before issue #42) is built and called the way
+# it expects.
 #
 # Several LUA_DIRs (say a copy of lua/ from before a change, then lua/) are measured A/B:
 # every round measures every (algorithm, dir) pair, in reverse order on even rounds, and
@@ -46,7 +51,7 @@ REDIS_BENCHMARK=${REDIS_BENCHMARK:-redis-benchmark}
 die() { echo "lua_cost: error: $*" >&2; exit 1; }
 log() { echo "lua_cost: $*" >&2; }
 
-case "${1:-}" in -h|--help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,38p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;; esac
 
 # The script of a one-policy call on algorithm $2, from lua dir $1 (as scripts.rs source()).
 assemble() {
@@ -63,8 +68,38 @@ assemble() {
         printf '\nlocal ALGORITHMS = { %s = %s, }\n' "$alg" "$alg"
     fi
     cat "$dir/decide.lua"
+    # Since #42 decide.lua defines the entry point as a function; a script calls it.
+    if grep -q '^local function decide(keys, argv)' "$dir/decide.lua"; then
+        printf '\nreturn decide(KEYS, ARGV)\n'
+    fi
 }
 
+# The function library of lua dir $1 (as scripts.rs library()): every algorithm and
+# decide.lua, registered as function sluice_<the first 16 hex digits of the SHA-1 of that
+# text>, which is also the library's name.
+library() {
+    local dir=$1 alg names="" body
+    body=$(mktemp)
+    cat "$dir/common.lua" >"$body"
+    for alg in fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency; do
+        printf '\n' >>"$body"
+        cat "$dir/$alg.lua" >>"$body"
+        names+=" $alg = $alg,"
+    done
+    printf '\nlocal ALGORITHM, NAME, ALGORITHMS = nil, nil, {%s }\n' "$names" >>"$body"
+    cat "$dir/decide.lua" >>"$body"
+    local name
+    name=sluice_$(sha1sum "$body" | cut -c1-16)
+    printf '#!lua name=%s\n' "$name"
+    cat "$body"
+    printf "\nredis.register_function('%s', decide)\n" "$name"
+    rm -f "$body"
+}
+
+if [ "${1:-}" = --library ]; then
+    library "${2:-$ROOT/lua}"
+    exit 0
+fi
 if [ "${1:-}" = --script ]; then
     if [ $# -lt 2 ] || [ ! -f "${3:-$ROOT/lua}/$2.lua" ]; then
         die "usage: $0 --script ALGORITHM [LUA_DIR]"
@@ -127,6 +162,13 @@ args_for() {
         # mode, now, charged_at; algorithm, limit, period, burst, max_delay, lease_ms,
         # cost, enforce, lease
         echo "decide|||$alg|100000000|1000|100000000||60000|1|1|$lease"
+    elif grep -q 'local FIELDS = 2' "$dir/decide.lua"; then
+        # mode with enforce flag, now; the rule in one argument, cost (issue #42)
+        if [ "$alg" = concurrency ]; then
+            echo "decide1||$alg 100000000 1000 60000 $lease|1"
+        else
+            echo "decide1||$alg 100000000 1000 100000000 |1"
+        fi
     elif [ "$alg" = concurrency ]; then
         # mode with enforce flag, now; algorithm, limit, period, lease_ms, lease, cost
         echo "decide1||$alg|100000000|1000|60000|$lease|1"
@@ -145,8 +187,13 @@ for i in "${!DIRS[@]}"; do
         SHA[$i,$alg]=$sha
         # One call by hand: the script must answer {now, charged, then a verdict}.
         IFS='|' read -r -a argv <<<"$(args_for "${DIRS[$i]}" "$alg")"
-        reply=$(cli EVALSHA "$sha" 1 "k{a}:p:$alg" "${argv[@]}" 2>&1 | tr '\n' ' ')
-        [[ $reply =~ ^[0-9]+(\ [0-9]+){4,6}\ $ ]] || die "${LABELS[$i]} $alg: unexpected reply: $reply"
+        # (Each dir's own state: another layout may have left the key.)
+        cli FLUSHALL >/dev/null
+        reply=$(cli EVALSHA "$sha" 1 "k{a}:p:$alg" "${argv[@]}" 2>&1 | tr -d '\0' | tr '\n' ' ')
+        # Since #42 a packed string of five 64-bit integers (40 bytes).
+        [[ $reply =~ ^[0-9]+(\ [0-9]+){4,6}\ $ ]] ||
+            [ "$(cli --no-raw EVALSHA "$sha" 1 "k{a}:p:$alg" "${argv[@]}" | cut -c1-2)" = '"\' ] ||
+            die "${LABELS[$i]} $alg: unexpected reply: $reply"
     done
 done
 

@@ -4,16 +4,23 @@ beside the seeds' one-script fixed window, in one run.
 
 Usage: bench/lua_zipf.py [[LABEL=]LUA_DIR ...]      (default: current=<repo>/lua)
 
-For each LUA_DIR and algorithm it loads the script sluice sends for a one-policy request
-(assembled by `bench/lua_cost.sh --script`, the text src/limiter/scripts.rs builds) into a
-private redis-server and drives it with CALLS decisions, one EVALSHA each, on keys drawn
+For each LUA_DIR and algorithm it loads what sluice calls for a one-policy request into a
+private redis-server: since issue #42 the function library (`bench/lua_cost.sh --library`,
+the text src/limiter/scripts.rs builds), called by FCALL; before, the script
+(`bench/lua_cost.sh --script`), called by EVALSHA. With EVALSHA=1 a library's script form
+(what sluice falls back to on Redis < 7) is measured too, as "<label>-evalsha". It drives
+each with CALLS decisions, one call each, on keys drawn
 Zipf(s = 1) over KEYS keys (a fixed seed: every script sees the same key sequence),
 pipelined PIPELINE calls per write so the client is not what limits. The figure is the
-server's own: `usec_per_call` of the call's command in INFO commandstats (the script's
-run, its GET/SET/TIME included; not the protocol reading or reply writing around it).
+redis-server process's whole CPU per decision: utime + stime from /proc/PID/stat over the
+variant's run (reading the protocol, the script, its GET/SET/TIME, writing the reply),
+divided by the decisions. `usec_per_call` of the call's command in INFO commandstats (the
+command alone, without parsing and reply) is shown beside it.
 
 Beside them, on the same keys:
-  seeds      the seeds' fixed window: `INCR`, then `PEXPIRE` on the first hit, by EVALSHA
+  seeds      the seeds' fixed window, exactly: `INCR` KEYS[1]; `EXPIRE` it by ARGV[2]
+             seconds when the count is 1; 0 when the count is over ARGV[1], else 1; by
+             EVALSHA with one key and two arguments
   incr       a bare pipelined INCR (the floor of one key's read and write)
 and, with BATCH > 1, sluice's "batch" form (the one its Redis backend sends under load):
 BATCH consecutive decisions of the sequence per call, figure = usec_per_call / BATCH.
@@ -25,7 +32,7 @@ of medians, and the median of each round's ratio). The machine is noisy: compare
 Environment (defaults in brackets):
   ROUNDS [5]  CALLS [100000]  KEYS [100000]  SEED [1]  PIPELINE [1000]  BATCH [0]
   ALGORITHMS  [fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency]
-  PORT [16610]  REDIS_SERVER [redis-server]
+  PORT [16610]  REDIS_SERVER [redis-server]  EVALSHA [0]
   MARKDOWN    a file to also write the table to
   ORDER       "bench" (default) or "reverse": the order of the first round
 """
@@ -45,9 +52,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_ALGORITHMS = "fixed_window sliding_window sliding_log token_bucket gcra leaky_bucket concurrency"
 
+# The seeds' script, word for word in what it does: limit ARGV[1], window ARGV[2] seconds.
 SEEDS_SCRIPT = """local count = redis.call('INCR', KEYS[1])
-if count == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return count
+if count == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+end
+if count > tonumber(ARGV[1]) then
+  return 0
+end
+return 1
 """
 
 
@@ -160,16 +173,40 @@ def assemble(lua_dir, alg):
     return out.stdout
 
 
+def is_library(lua_dir):
+    """Whether decide.lua is the #42 entry point (a function, rules packed in one argument)."""
+    with open(os.path.join(lua_dir, "decide.lua")) as f:
+        return "local function decide(keys, argv)" in f.read()
+
+
+def library(lua_dir):
+    out = subprocess.run([os.path.join(ROOT, "bench", "lua_cost.sh"), "--library", lua_dir],
+                         check=True, capture_output=True)
+    return out.stdout
+
+
 def fields(lua_dir, alg):
     """ARGV after the key for a one-check decide reading TIME, as bench/lua_cost.sh sends."""
     with open(os.path.join(lua_dir, "decide.lua")) as f:
         old = "local FIELDS = 9" in f.read()
     lease = "1" if alg == "concurrency" else "0"
+    if is_library(lua_dir):
+        if alg == "concurrency":
+            return ["decide1", "", f"{alg} 100000000 1000 60000 {lease}", "1"]
+        return ["decide1", "", f"{alg} 100000000 1000 100000000 ", "1"]
     if old:
         return ["decide", "", "", alg, "100000000", "1000", "100000000", "", "60000", "1", "1", lease]
     if alg == "concurrency":
         return ["decide1", "", alg, "100000000", "1000", "60000", lease, "1"]
     return ["decide1", "", alg, "100000000", "1000", "100000000", "", "1"]
+
+
+def cpu_seconds(pid):
+    """The process's user + system CPU so far, in seconds (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # After the ")" ending comm: state is field 3, utime 14 and stime 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def commandstat(conn, name):
@@ -238,39 +275,61 @@ def main():
         variants = []
         sha = conn.call("SCRIPT", "LOAD", SEEDS_SCRIPT).decode()
         variants.append(("seeds fixed_window", "evalsha", 1,
-                         [resp("EVALSHA", sha, 1, f"seed{{u{k}}}", 1000) for k in sequence]))
+                         [resp("EVALSHA", sha, 1, f"seed{{u{k}}}", 100000000, 1) for k in sequence]))
         variants.append(("bare INCR", "incr", 1, [resp("INCR", f"incr{{u{k}}}") for k in sequence]))
+        with_evalsha = os.environ.get("EVALSHA", "0") == "1"
         for alg in algorithms:
             for label, d in dirs:
-                sha = conn.call("SCRIPT", "LOAD", assemble(d, alg)).decode()
                 argv = fields(d, alg)
-                reply = conn.call("EVALSHA", sha, 1, f"sl{{u1}}:p:{alg}", *argv)
-                if not (isinstance(reply, list) and len(reply) >= 5):
-                    die(f"{label} {alg}: unexpected reply {reply!r}")
-                variants.append((f"{label} {alg}", "evalsha", 1,
-                                 [resp("EVALSHA", sha, 1, f"sl{{u{k}}}:p:{alg}", *argv) for k in sequence]))
-                if batch > 1 and "local FIELDS = 6" in open(os.path.join(d, "decide.lua")).read():
-                    cmds = []
-                    for i in range(0, calls - calls % batch, batch):
-                        keys = [f"sl{{u{k}}}:p:{alg}" for k in sequence[i:i + batch]]
-                        args = ["batch", ""] + argv[:1] + argv[2:] + ["="] * (batch - 1)
-                        cmds.append(resp("EVALSHA", sha, batch, *keys, *args))
-                    variants.append((f"{label} {alg} batch{batch}", "evalsha", batch, cmds))
+                key = f"check-{label}{{u1}}:p:{alg}"  # each layout its own key
+                forms = []
+                if is_library(d):
+                    text = library(d)
+                    name = text.split(b"\n", 1)[0].split(b"name=")[1].decode()
+                    conn.call("FUNCTION", "LOAD", "REPLACE", text)
+                    forms.append((label, "fcall", ["FCALL", name]))
+                    if with_evalsha:
+                        sha = conn.call("SCRIPT", "LOAD", assemble(d, alg)).decode()
+                        forms.append((f"{label}-evalsha", "evalsha", ["EVALSHA", sha]))
+                else:
+                    sha = conn.call("SCRIPT", "LOAD", assemble(d, alg)).decode()
+                    forms.append((label, "evalsha", ["EVALSHA", sha]))
+                for form, command, call in forms:
+                    reply = conn.call(*call, 1, key, *argv)
+                    if not ((isinstance(reply, list) and len(reply) >= 5)
+                            or (isinstance(reply, bytes) and len(reply) == 40)):
+                        die(f"{form} {alg}: unexpected reply {reply!r}")
+                    variants.append((f"{form} {alg}", command, 1,
+                                     [resp(*call, 1, f"sl{{u{k}}}:p:{alg}", *argv) for k in sequence]))
+                    if batch > 1 and "local FIELDS = 9" not in open(os.path.join(d, "decide.lua")).read():
+                        cmds = []
+                        for i in range(0, calls - calls % batch, batch):
+                            keys = [f"sl{{u{k}}}:p:{alg}" for k in sequence[i:i + batch]]
+                            if is_library(d):
+                                args = ["batch", ""] + argv[:1] + argv[2:] + ["=", batch - 1]
+                            else:
+                                args = ["batch", ""] + argv[:1] + argv[2:] + ["="] * (batch - 1)
+                            cmds.append(resp(*call, batch, *keys, *args))
+                        variants.append((f"{form} {alg} batch{batch}", command, batch, cmds))
         conn.call("FLUSHALL")
 
         results = {v[0]: [] for v in variants}
+        command_usec = {v[0]: [] for v in variants}
         for rnd in range(1, rounds + 1):
             order = variants if rnd % 2 else list(reversed(variants))
             line = []
             for label, command, per_call, cmds in order:
                 conn.call("FLUSHALL")
                 conn.call("CONFIG", "RESETSTAT")
+                before = cpu_seconds(proc.pid)
                 conn.pipeline(cmds, per_write)
+                spent = cpu_seconds(proc.pid) - before
                 n, usec, failed = commandstat(conn, command)
                 if n < len(cmds) or failed:
                     die(f"{label}: {n} calls, {failed} failed, of {len(cmds)}")
-                per_decision = usec / n / per_call
+                per_decision = spent * 1e6 / n / per_call
                 results[label].append(per_decision)
+                command_usec[label].append(usec / n / per_call)
                 line.append(f"{label}={per_decision:.2f}")
             log(f"round {rnd}: " + " ".join(line))
     finally:
@@ -280,16 +339,20 @@ def main():
 
     seeds = results["seeds fixed_window"]
     seeds_med = statistics.median(seeds)
-    out = [f"Redis CPU per decision (µs: `usec_per_call` / decisions per call), redis {version}, "
-           f"{calls} decisions on {nkeys} Zipf(s=1) keys, seed {seed}, {rounds} rounds",
+    seeds_cmd = statistics.median(command_usec["seeds fixed_window"])
+    out = [f"redis-server CPU per decision (µs: the process's utime + stime over the run / "
+           f"decisions), redis {version}, {calls} decisions on {nkeys} Zipf(s=1) keys, seed {seed}, "
+           f"{rounds} rounds; `command` is INFO commandstats' usec_per_call / decisions per call",
            "",
-           "| script | median | min | ÷ seeds (medians) | median of round ratios |",
-           "|---|---:|---:|---:|---:|"]
+           "| script | median | min | ÷ seeds (medians) | median of round ratios | command | command ÷ seeds |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for label, _, _, _ in variants:
         values = results[label]
         ratios = [v / s for v, s in zip(values, seeds)]
+        cmd = statistics.median(command_usec[label])
         out.append(f"| {label} | {statistics.median(values):.2f} | {min(values):.2f} | "
-                   f"{statistics.median(values) / seeds_med:.2f}× | {statistics.median(ratios):.2f}× |")
+                   f"{statistics.median(values) / seeds_med:.2f}× | {statistics.median(ratios):.2f}× | "
+                   f"{cmd:.2f} | {cmd / seeds_cmd:.2f}× |")
     text = "\n".join(out)
     print(text)
     if os.environ.get("MARKDOWN"):

@@ -11,8 +11,7 @@
 --         "release"); 'renew' makes lease `x`, if still live, expire `y` ms from now and
 --         returns 1, else 0: a released or expired lease is not brought back, its slot may
 --         be another's (decide.lua's mode "renew", while the request holding it lasts).
-local function concurrency(key, at, now, op, cost, x, y)
-  local argv = ARGV
+local function concurrency(key, rule, now, op, cost, x, y)
   local allowed, remaining, retry
   local lease = x
   if op == 'renew' then
@@ -28,7 +27,7 @@ local function concurrency(key, at, now, op, cost, x, y)
     end
     return 1
   end
-  if op ~= 'release' then lease = argv[at + 5] end
+  if op ~= 'release' then lease = rule[5] end
   if op == 'release' or op == 'refund' then
     redis.call('ZREM', key, lease)
     if redis.call('ZCARD', key) == 0 then redis.call('DEL', key) end
@@ -36,7 +35,7 @@ local function concurrency(key, at, now, op, cost, x, y)
   end
   local stamp = string.format('%d', now)
   if op ~= 'store' then
-    local limit = argv[at + 2] + 0
+    local limit = rule[2]
     local held = redis.call('ZCOUNT', key, '(' .. stamp, '+inf')
     if cost == 0 then
       allowed = true
@@ -56,7 +55,7 @@ local function concurrency(key, at, now, op, cost, x, y)
   -- Take the slot: drop expired leases, add this one, live until the latest expires.
   redis.call('ZREMRANGEBYSCORE', key, '-inf', stamp)
   if lease ~= '0' then
-    redis.call('ZADD', key, string.format('%d', now + argv[at + 4]), lease)
+    redis.call('ZADD', key, string.format('%d', now + rule[4]), lease)
   end
   local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if latest[2] and latest[2] + 0 > now then

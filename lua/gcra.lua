@@ -15,30 +15,17 @@
 -- ARGV:   the check's limit, period, burst, max_delay ("": reject).
 -- Calls:  as common.lua describes; the state for 'store' is the new (used × period,
 --         last); 'refund' moves tat back by cost·T.
-local function gcra(key, at, now, op, cost, ahead, last)
-  local argv = ARGV
+local function gcra(key, rule, now, op, cost, ahead, last)
   local allowed, remaining, reset, delay
-  local limit, p = argv[at + 2] + 0, argv[at + 3] + 0
+  local limit, p = rule[2], rule[3]
   if op ~= 'store' then
     -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
     local text, scaled, period = state[key]
     if text == nil then
       text = redis.call('GET', key)
       state[key] = text
-    else
-      scaled = n1[key]
-      if scaled ~= nil then
-        text, last, period = nil, n2[key], n3[key]
-      elseif text == 0 then
-        text = nil
-      end
     end
-    if text then
-      local c1 = string.find(text, ':', 1, true)
-      local c2 = string.find(text, ':', c1 + 1, true)
-      scaled, last, period = string.sub(text, 1, c1 - 1) + 0,
-        string.sub(text, c1 + 1, c2 - 1) + 0, string.sub(text, c2 + 1) + 0
-    end
+    if text then scaled, last, period = unpack_state('<ddd', text) end
     if scaled and period ~= p then
       -- A new period: the same units, a part of one rounded up.
       scaled = (scaled + (-scaled) % period) / period * p
@@ -49,8 +36,8 @@ local function gcra(key, at, now, op, cost, ahead, last)
       ahead = scaled - cost * p
       if ahead < 0 then ahead = 0 end
     else
-      local shaping = argv[at + 1] == 'leaky_bucket'
-      local tolerance = argv[at + 4] * p
+      local shaping = rule[1] == 'leaky_bucket'
+      local tolerance = rule[4] * p
       -- ahead = (tat − now) × limit: drained since `last`, or 0 when tat is in the past;
       -- a clock that went back drains nothing.
       ahead = 0
@@ -85,7 +72,7 @@ local function gcra(key, at, now, op, cost, ahead, last)
           delay = new_ahead - tolerance
           delay = (delay + (-delay) % limit) / limit
         end
-        local max_delay = argv[at + 5]
+        local max_delay = rule[5]
         if max_delay == '' then
           allowed = delay == 0
         else
@@ -119,9 +106,9 @@ local function gcra(key, at, now, op, cost, ahead, last)
   local ttl = last + (ahead + (-ahead) % limit) / limit - now
   -- write(key, ttl, ahead, last, p), inlined
   if ttl > 0 then
-    state[key], n1[key], n2[key], n3[key] = ttl, ahead, last, p
+    state[key], ttls[key] = pack('<ddd', ahead, last, p), ttl
   else
-    state[key], n1[key] = 0, nil
+    state[key], ttls[key] = false, 0
   end
   return allowed, remaining, reset, delay
 end

@@ -24,6 +24,7 @@
 --             key's state having moved past them (a new window, a full bucket)
 -- A standing ban grants nothing.
 local argv = ARGV
+pack, unpack_state, format = struct.pack, struct.unpack, string.format
 local now = argv[2]
 if now == '' then
   local time = redis.call('TIME')
@@ -34,14 +35,16 @@ else
 end
 local run = ALGORITHM
 if not run then return redis.error_reply('sluice: unknown algorithm ' .. argv[3]) end
+-- The check's rule as the algorithms take it (common.lua).
+local rule = {argv[3], argv[4] + 0, argv[5] + 0, argv[6] + 0, argv[7]}
 local key = KEYS[1]
 local want, cost, back = argv[8] + 0, argv[9] + 0, argv[10] + 0
 
 local returned = 0
 if back > 0 then
-  local _, before = run(key, 2, now, 'peek', 0)
-  run(key, 2, now, 'refund', back, argv[11] + 0)
-  local _, after = run(key, 2, now, 'peek', 0)
+  local _, before = run(key, rule, now, 'peek', 0)
+  run(key, rule, now, 'refund', back, argv[11] + 0)
+  local _, after = run(key, rule, now, 'peek', 0)
   returned = after - before
   if returned < 0 then returned = 0 end
   if returned > back then returned = back end
@@ -49,31 +52,31 @@ end
 
 local banned = false
 if KEYS[2] then
-  local text, written = read(KEYS[2])
-  local ban_until = text and text + 0 or written
-  banned = ban_until ~= nil and ban_until > now
+  local text = read(KEYS[2])
+  local ban_until = text and text + 0
+  banned = ban_until and ban_until > now or false
 end
 
 local granted = 0
 local allowed, remaining, reset, delay
 if not banned then
-  local _, left = run(key, 2, now, 'peek', 0)
+  local _, left = run(key, rule, now, 'peek', 0)
   if left >= cost then
     granted = (left - left % 2) / 2
     if granted > want then granted = want end
     if granted < cost then granted = cost end
-    allowed, remaining, reset, delay = run(key, 2, now, 'decide', granted)
+    allowed, remaining, reset, delay = run(key, rule, now, 'decide', granted)
     if not allowed then
       -- The estimate of what is left rounds differently from the decision (a sliding
       -- window's weighted count): ask for the request's own units only.
       granted = cost
-      allowed, remaining, reset, delay = run(key, 2, now, 'decide', granted)
+      allowed, remaining, reset, delay = run(key, rule, now, 'decide', granted)
       if not allowed then granted = 0 end
     end
   end
 end
 if granted == 0 then
-  allowed, remaining, reset, delay = run(key, 2, now, 'peek', cost)
+  allowed, remaining, reset, delay = run(key, rule, now, 'peek', cost)
 end
 flush()
 return {now, granted, remaining, reset, delay, returned}

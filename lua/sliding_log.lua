@@ -10,10 +10,9 @@
 -- ARGV:   the check's limit, period.
 -- Calls:  as common.lua describes; 'store' needs no state (it reads the set again);
 --         'refund' takes back cost units admitted at the given time.
-local function sliding_log(key, at, now, op, cost, charged_at)
-  local argv = ARGV
+local function sliding_log(key, rule, now, op, cost, charged_at)
   local allowed, remaining, reset, retry
-  local p = argv[at + 3] + 0
+  local p = rule[3]
   local total_key = key .. ':total'
   local total
   if op == 'refund' then
@@ -36,7 +35,7 @@ local function sliding_log(key, at, now, op, cost, charged_at)
       total = total - string.match(gone[i], ':(%d+)$')
     end
     if op ~= 'store' then
-      local limit = argv[at + 2] + 0
+      local limit = rule[2]
       allowed = op == 'charge' or cost == 0 or cost <= limit - total
       retry = 0
       if not allowed then

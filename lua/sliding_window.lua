@@ -2,37 +2,29 @@
 -- the part of it still inside the sliding period. Allows when
 -- prev × (period − elapsed) / period + curr + cost <= limit (compared multiplied by period).
 --
--- KEYS:   the check's key, a string "<current window start ms>:<prev>:<curr>", TTL =
---         start + 2 periods (1 when curr = 0).
+-- KEYS:   the check's key, the current window's start (ms), prev, curr and the period
+--         (ms) packed as doubles (common.lua), TTL = start + 2 periods (1 when curr = 0).
+--         A write inside the window the key holds in Redis, of the same period, with a
+--         count in it before and after, keeps the TTL (SET ... KEEPTTL), which is that one.
 -- ARGV:   the check's limit, period.
 -- Calls:  as common.lua describes; the state for 'store' is (start, prev, curr); 'refund'
 --         takes back cost from the window of the charge, current or previous.
-local function sliding_window(key, at, now, op, cost, x, y, z)
+local function sliding_window(key, rule, now, op, cost, x, y, z)
   local start, prev, curr = x, y, z
-  local argv = ARGV
-  local allowed, remaining, reset, retry
-  local p = argv[at + 3] + 0
+  local allowed, remaining, reset, retry, held
+  local p = rule[3]
   if op ~= 'store' then
     -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
-    local text, stored
+    local text, stored, stored_p
     text, stored, prev, curr = state[key]
     if text == nil then
       text = redis.call('GET', key)
       state[key] = text
-    else
-      stored = n1[key]
-      if stored ~= nil then
-        text, prev, curr = nil, n2[key], n3[key]
-      elseif text == 0 then
-        text = nil
-      end
     end
-    if text then
-      local c1 = string.find(text, ':', 1, true)
-      local c2 = string.find(text, ':', c1 + 1, true)
-      stored, prev, curr = string.sub(text, 1, c1 - 1) + 0,
-        string.sub(text, c1 + 1, c2 - 1) + 0, string.sub(text, c2 + 1) + 0
-    end
+    if text then stored, prev, curr, stored_p = unpack_state('<dddd', text) end
+    -- The key holds this window (below), of this period, with a count: its TTL is
+    -- start + 2 periods, in Redis unless this call wrote it.
+    held = stored_p == p and curr and curr > 0
     if op == 'refund' then
       if not stored then return end
       start = x - x % p
@@ -48,8 +40,9 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
       end
       start = stored
     else
-      local limit = argv[at + 2] + 0
+      local limit = rule[2]
       start = now - now % p
+      held = held and stored == start
       if stored ~= start then
         if stored and stored + p == start then
           prev, curr = curr, 0
@@ -128,11 +121,13 @@ local function sliding_window(key, at, now, op, cost, x, y, z)
   end
   local ttl = start + p - now
   if curr > 0 then ttl = ttl + p end
-  -- write(key, ttl, start, prev, curr), inlined
+  -- write(key, ttl, text) of common.lua, inlined; `true`: SET ... KEEPTTL (fixed_window.lua)
   if ttl > 0 then
-    state[key], n1[key], n2[key], n3[key] = ttl, start, prev, curr
+    local written = ttls[key]
+    if held and curr > 0 and (written == nil or written == true) then ttl = true end
+    state[key], ttls[key] = pack('<dddd', start, prev, curr, p), ttl
   else
-    state[key], n1[key] = 0, nil
+    state[key], ttls[key] = false, 0
   end
   return allowed, remaining, reset, retry
 end

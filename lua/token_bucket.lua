@@ -12,11 +12,10 @@
 -- ARGV:   the check's limit, period, burst, max_delay ("": reject).
 -- Calls:  as common.lua describes; the state for 'store' is (used × period, last);
 --         'refund' puts cost tokens back.
-local function token_bucket(key, at, now, op, cost, scaled, last)
-  local argv = ARGV
+local function token_bucket(key, rule, now, op, cost, scaled, last)
   local allowed, remaining, reset, delay
-  local limit, p = argv[at + 2] + 0, argv[at + 3] + 0
-  local capacity = argv[at + 4] * p
+  local limit, p = rule[2], rule[3]
+  local capacity = rule[4] * p
   if op ~= 'store' then
     -- read(key) of common.lua, inlined (a Lua call costs Redis about as much as the rest)
     local text, period
@@ -24,20 +23,8 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
     if text == nil then
       text = redis.call('GET', key)
       state[key] = text
-    else
-      scaled = n1[key]
-      if scaled ~= nil then
-        text, last, period = nil, n2[key], n3[key]
-      elseif text == 0 then
-        text = nil
-      end
     end
-    if text then
-      local c1 = string.find(text, ':', 1, true)
-      local c2 = string.find(text, ':', c1 + 1, true)
-      scaled, last, period = string.sub(text, 1, c1 - 1) + 0,
-        string.sub(text, c1 + 1, c2 - 1) + 0, string.sub(text, c2 + 1) + 0
-    end
+    if text then scaled, last, period = unpack_state('<ddd', text) end
     if scaled and period ~= p then
       -- A new period: the same units, a part of one rounded up.
       scaled = (scaled + (-scaled) % period) / period * p
@@ -63,7 +50,7 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
       if cost > 0 and need > tokens then short = need - tokens end
       -- delay: allowed, the wait for booked tokens; denied, the wait until they refill.
       delay = (short + (-short) % limit) / limit
-      local max_delay = argv[at + 5]
+      local max_delay = rule[5]
       if max_delay == '' then
         allowed = short == 0
       else
@@ -89,9 +76,9 @@ local function token_bucket(key, at, now, op, cost, scaled, last)
   local ttl = last + (scaled + (-scaled) % limit) / limit - now
   -- write(key, ttl, scaled, last, p), inlined
   if ttl > 0 then
-    state[key], n1[key], n2[key], n3[key] = ttl, scaled, last, p
+    state[key], ttls[key] = pack('<ddd', scaled, last, p), ttl
   else
-    state[key], n1[key] = 0, nil
+    state[key], ttls[key] = false, 0
   end
   return allowed, remaining, reset, delay
 end

@@ -743,8 +743,8 @@ async fn batches_match_all_or_nothing() {
     }
 }
 
-/// Successful script calls (EVALSHA and EVAL) a server has run: a first call answered
-/// NOSCRIPT (then loaded and sent again) does not count.
+/// Successful script calls (FCALL, EVALSHA and EVAL) a server has run: a first call
+/// answered NOSCRIPT or "Function not found" (then loaded and sent again) does not count.
 fn script_calls(server: &RedisServer) -> u64 {
     let stats = server.cli(&["INFO", "commandstats"]);
     let field = |line: &str, name: &str| -> u64 {
@@ -754,7 +754,11 @@ fn script_calls(server: &RedisServer) -> u64 {
     };
     stats
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            l.starts_with("cmdstat_fcall:")
+                || l.starts_with("cmdstat_evalsha:")
+                || l.starts_with("cmdstat_eval:")
+        })
         .map(|l| field(l, "calls") - field(l, "failed_calls"))
         .sum()
 }

@@ -501,7 +501,11 @@ fn script_calls(redis: &RedisServer) -> String {
     redis
         .cli(&["INFO", "commandstats"])
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            l.starts_with("cmdstat_fcall:")
+                || l.starts_with("cmdstat_evalsha:")
+                || l.starts_with("cmdstat_eval:")
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -735,4 +739,95 @@ fn a_ban_holds_across_the_fleet_then_lifts() {
             .any(|k| k.contains(":dry:") && k.ends_with(":ban")),
         "a shadow policy set a ban: {keys}"
     );
+}
+
+/// The calls one command made since the server's stats were reset ("" when none).
+fn command_calls(redis: &RedisServer, command: &str) -> String {
+    let prefix = format!("cmdstat_{command}:");
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Decisions go by FCALL of the function library; a server that lost it (FUNCTION FLUSH,
+/// as after a restart without persistence or a failover to a node that never had it) gets
+/// it again and the decision goes through, exactly counted.
+#[test]
+fn decisions_call_the_function_library_and_load_it_again_when_it_is_gone() {
+    let redis = RedisServer::start();
+    let s = Sluice::start(&config(
+        &redis_limiter(
+            &redis,
+            "timeout = \"2s\"\non_error = \"deny\"\ndeny_cache = 0",
+        ),
+        "threads = 2",
+        &policy("p", "gcra", 4, "1h", "", ""),
+        &[("a", "\"p\"")],
+    ));
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    assert_eq!(s.get("/a").status, 200);
+    assert!(
+        command_calls(&redis, "fcall").contains("calls=1,"),
+        "{}",
+        command_calls(&redis, "fcall")
+    );
+    assert_eq!(command_calls(&redis, "evalsha"), "");
+    assert_eq!(redis.cli(&["FUNCTION", "FLUSH"]), "OK");
+    let statuses: Vec<u16> = (0..4).map(|_| s.get("/a").status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert!(
+        redis.cli(&["FUNCTION", "LIST"]).contains("sluice_"),
+        "the library is loaded again"
+    );
+}
+
+/// A server without Redis functions (Redis < 7; here FUNCTION and FCALL renamed away):
+/// sluice says so once and decides by EVALSHA, exactly as by FCALL.
+#[test]
+fn a_server_without_functions_is_decided_by_evalsha() {
+    let redis = RedisServer::start_with(&[
+        "--rename-command",
+        "FUNCTION",
+        "",
+        "--rename-command",
+        "FCALL",
+        "",
+    ]);
+    let s = Sluice::start(&config(
+        &redis_limiter(
+            &redis,
+            "timeout = \"2s\"\non_error = \"deny\"\ndeny_cache = 0",
+        ),
+        "threads = 2",
+        &two_policies(),
+        &[("a", "\"p\""), ("b", "\"q\"")],
+    ));
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let a: Vec<u16> = (0..4).map(|_| s.get("/a").status).collect();
+    let b: Vec<u16> = (0..3).map(|_| s.get("/b").status).collect();
+    assert_eq!((a, b), (vec![200, 200, 200, 429], vec![200, 200, 429]));
+    // Seven decisions (a first call of each script answers NOSCRIPT, which does not count).
+    assert_eq!(
+        redis.scripts_run(),
+        7,
+        "{}",
+        command_calls(&redis, "evalsha")
+    );
+    assert!(command_calls(&redis, "evalsha").contains("calls="));
+    assert!(
+        s.stderr().contains("deciding by EVALSHA instead"),
+        "{}",
+        s.stderr()
+    );
+}
+
+fn two_policies() -> String {
+    format!(
+        "{}\n{}",
+        policy("p", "fixed_window", 3, "1h", "", ""),
+        policy("q", "token_bucket", 2, "1h", "", "")
+    )
 }

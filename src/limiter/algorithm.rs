@@ -52,15 +52,19 @@ fn capped(n: u128) -> u64 {
     n.min(u128::from(MAX_COST)) as u64
 }
 
-/// The algorithm's segment of a storage key: its name, and for the buckets the version of
-/// their state's layout. Units in use (v2) replaced tokens and times, which only meant
-/// what they did under the numbers that wrote them; during a rolling upgrade old and new
-/// instances keep separate bucket state, for at most a period.
+/// The algorithm's segment of a storage key: its name, and for those whose state is a
+/// string the version of its layout. v3 (issue #42) holds the numbers packed as
+/// little-endian doubles (`struct.pack('<dd')`), read and written without text parsing or
+/// formatting; v2 held the buckets' units in use as text, replacing tokens and times.
+/// During a rolling upgrade old and new instances keep separate state, for at most a
+/// period.
 pub fn state_name(algorithm: Algorithm) -> &'static str {
     match algorithm {
-        Algorithm::TokenBucket => "token_bucket.v2",
-        Algorithm::Gcra => "gcra.v2",
-        Algorithm::LeakyBucket => "leaky_bucket.v2",
+        Algorithm::FixedWindow => "fixed_window.v3",
+        Algorithm::SlidingWindow => "sliding_window.v3",
+        Algorithm::TokenBucket => "token_bucket.v3",
+        Algorithm::Gcra => "gcra.v3",
+        Algorithm::LeakyBucket => "leaky_bucket.v3",
         _ => algorithm.name(),
     }
 }

@@ -166,8 +166,9 @@ impl RedisServer {
         redis_cli(self.port, args)
     }
 
-    /// Script calls (EVAL, EVALSHA) that ran since the server's stats were reset: a first
-    /// call answered NOSCRIPT (then loaded and sent again) does not count.
+    /// Script calls (FCALL, EVAL, EVALSHA) that ran since the server's stats were reset: a first
+    /// call answered NOSCRIPT or "Function not found" (then loaded and sent again) does not
+    /// count.
     pub fn scripts_run(&self) -> u64 {
         let field = |line: &str, name: &str| -> u64 {
             line.split([':', ','])
@@ -176,7 +177,11 @@ impl RedisServer {
         };
         self.cli(&["INFO", "commandstats"])
             .lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter(|l| {
+                l.starts_with("cmdstat_fcall:")
+                    || l.starts_with("cmdstat_evalsha:")
+                    || l.starts_with("cmdstat_eval:")
+            })
             .map(|l| field(l, "calls") - field(l, "failed_calls"))
             .sum()
     }

@@ -72,7 +72,7 @@ pub(super) async fn decide_across_slots(
         let mut conn = conn.clone();
         refunds.push(tokio::spawn(async move {
             let result = scripts::adjust_invocation(&charged, now)
-                .invoke_async::<Vec<i64>>(&mut conn)
+                .invoke::<Vec<i64>>(&mut conn)
                 .await;
             if let Err(e) = result {
                 log::warn!(
@@ -141,10 +141,11 @@ async fn call_groups(
             let invocation = scripts::invocation(mode, group.iter().map(|&i| &checks[i]), now);
             let enforce: Vec<bool> = group.iter().map(|&i| checks[i].enforce).collect();
             tokio::spawn(async move {
-                let values: Vec<i64> = invocation
-                    .invoke_async(&mut conn)
+                let values = invocation
+                    .invoke::<scripts::Integers>(&mut conn)
                     .await
-                    .map_err(|e| backend_error(&e))?;
+                    .map_err(|e| backend_error(&e))?
+                    .0;
                 scripts::decode(&values, mode, &enforce)
             })
         })

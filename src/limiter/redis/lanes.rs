@@ -10,10 +10,10 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
-use redis::{Client, ConnectionAddr, IntoConnectionInfo, ScriptInvocation, Value};
+use redis::{Client, ConnectionAddr, IntoConnectionInfo, Value};
 use tokio::sync::oneshot;
 
-use super::scripts::{self, Mode, Request};
+use super::scripts::{self, Call, Mode, Request};
 use super::sentinel::SentinelStore;
 use super::store::{enforce_flags, Conn};
 use super::RedisBackend;
@@ -99,7 +99,7 @@ impl Lane {
     }
 
     /// Runs one script call; after `IDLE_CHECK` without one, a PING first.
-    async fn invoke(&self, call: ScriptInvocation<'static>) -> Result<Vec<i64>, BackendError> {
+    async fn invoke(&self, call: Call) -> Result<Vec<i64>, BackendError> {
         let since = |made: Instant| made.elapsed().as_millis() as u64;
         // Cluster lanes may have calls for several slots in flight: the last may end first.
         let idle = since(self.made).saturating_sub(self.last_call.load(Ordering::Relaxed));
@@ -114,7 +114,7 @@ impl Lane {
             let _ = redis::cmd("PING").query_async::<Value>(&mut conn).await;
         }
         let result = call
-            .invoke_async::<scripts::Integers>(&mut conn)
+            .invoke::<scripts::Integers>(&mut conn)
             .await
             .map(|integers| integers.0);
         if let LaneConn::Sentinel(s, _) = &self.conn {

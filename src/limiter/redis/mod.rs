@@ -5,7 +5,8 @@
 //! decision connections and their batches, `cluster` the requests that span slots,
 //! `sentinel` the master's look-up, `scripts` the Lua calls, `pubsub` the channels followed.
 //!
-//! Decisions are calls of the script in `scripts` (EVALSHA; NOSCRIPT loads it and retries),
+//! Decisions are calls of the Lua code in `scripts` (FCALL of a function library, loaded
+//! again on "Function not found"; EVALSHA where the server has no functions),
 //! on multiplexed connections (per node for Cluster) made lazily: a Redis that is down when
 //! sluice starts makes calls fail fast, not sluice fail to start, and a connection comes
 //! back by itself. The limiter layer bounds every call with its own timeout and circuit

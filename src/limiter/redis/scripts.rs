@@ -1,22 +1,36 @@
-//! The limiter's Lua scripts: their text, their SHAs, and the KEYS/ARGV and reply of one call.
+//! The limiter's Lua code: its text, how it is called, and the KEYS/ARGV and reply of one call.
 //!
-//! Assembly: Redis runs one script per call, but `lua/` keeps one file per algorithm. A
-//! script is `common.lua` (the conventions, no code), the algorithm files a call needs
-//! (each defines one `local` function named after its algorithm that decides, charges or
-//! refunds one check), a generated line naming them (`ALGORITHM` and `NAME` when there is
-//! one, else an `ALGORITHMS` table), and last `decide.lua`, the entry point that parses
-//! ARGV and runs them all or nothing. Every file opens with its contract; `decide.lua`'s is
-//! the one a caller sees.
+//! Assembly: `lua/` keeps one file per algorithm. The text is `common.lua` (the
+//! conventions and the call's state), the algorithm files (each defines one `local`
+//! function named after its algorithm that decides, charges or refunds one check), a
+//! generated line naming them (`ALGORITHM` and `NAME` when there is one, else an
+//! `ALGORITHMS` table), and last `decide.lua`, which defines `decide(keys, argv)`: it parses
+//! ARGV and runs the checks all or nothing. Every file opens with its contract;
+//! `decide.lua`'s is the one a caller sees.
 //!
-//! Why one script per set of algorithms rather than one for all: Redis runs a script's
-//! top level on every call, so every function defined there is made again on every call;
-//! a script defines only what its call can use. At most 2^7 sets exist; each is built and
-//! hashed once, on first use, and called by its SHA. `bench/lua_cost.sh` measures the
-//! server CPU of each algorithm's script.
+//! Two forms of it (DESIGN §18, issue #42):
+//! - The function library (Redis 7 and later): every algorithm, `decide` registered as
+//!   function `sluice_<hash>` by `FUNCTION LOAD`, called by `FCALL`. Its top level runs
+//!   once, at load: no closure or table is built again per call, and parsed rules stay
+//!   cached between calls. The name carries the hash of the text, so instances of two
+//!   versions each call their own. A server without it ("Function not found": restarted
+//!   without persistence, flushed, a failover to a node that never had it) gets it loaded
+//!   again, and the call is retried once.
+//! - The script (EVALSHA; NOSCRIPT loads it, as redis-rs does): the same text ending in
+//!   `return decide(KEYS, ARGV)`, one per set of algorithms (a script's top level runs on
+//!   every call, so it defines only what its call can use; at most 2^7 sets, each built and
+//!   hashed on first use). sluice falls back to it, for the rest of the process, when the
+//!   server has no functions (Redis < 7 answers FCALL or FUNCTION with "unknown command")
+//!   or refuses them to sluice's user (NOPERM), and logs that once.
+//!
+//! `bench/lua_cost.sh` builds both texts as these functions do; `bench/lua_zipf.py`
+//! measures the server CPU of each.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use redis::{Script, ScriptInvocation};
+use redis::aio::ConnectionLike;
+use redis::{FromRedisValue, RedisError, RedisResult, Script, ScriptInvocation, ToRedisArgs};
 
 use crate::auth::consumers::{Changed, ConsumerChange, RuntimeConsumer};
 use crate::config::Algorithm;
@@ -48,8 +62,9 @@ fn bit(algorithm: Algorithm) -> AlgorithmSet {
         .unwrap_or(0)
 }
 
-/// The script text for the algorithms in `set`.
-fn source(set: AlgorithmSet) -> String {
+/// The text for the algorithms in `set` up to and with `decide.lua` (which defines
+/// `decide(keys, argv)` and calls nothing).
+fn body(set: AlgorithmSet) -> String {
     // leaky_bucket uses the arithmetic that gcra.lua defines.
     let files = if set & bit(Algorithm::LeakyBucket) != 0 {
         set | bit(Algorithm::Gcra)
@@ -85,6 +100,131 @@ fn source(set: AlgorithmSet) -> String {
     text
 }
 
+/// The script text for the algorithms in `set`.
+fn source(set: AlgorithmSet) -> String {
+    let mut text = body(set);
+    text.push_str("\nreturn decide(KEYS, ARGV)\n");
+    text
+}
+
+/// The function library (every algorithm) and its function's name, `sluice_` and the
+/// first 16 hex digits of the SHA-1 of its body, which also names the library.
+fn library() -> &'static (String, String) {
+    static LIBRARY: OnceLock<(String, String)> = OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let body = body(EVERY_ALGORITHM);
+        let name = format!("sluice_{}", &Script::new(&body).get_hash()[..16]);
+        let text =
+            format!("#!lua name={name}\n{body}\nredis.register_function('{name}', decide)\n");
+        (text, name)
+    })
+}
+
+/// Whether calls go by FCALL: until a server shows it has no functions for sluice.
+static FUNCTIONS: AtomicBool = AtomicBool::new(true);
+
+/// Whether `e` says the server has no such command (Redis < 7) or refuses it to the user.
+fn unsupported(e: &RedisError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("unknown command") || text.contains("noperm")
+}
+
+/// Calls go by EVALSHA from now on.
+fn without_functions(e: &RedisError) {
+    if FUNCTIONS.swap(false, Ordering::Relaxed) {
+        log::warn!(
+            "redis limiter: the server runs no Redis functions for sluice ({e}); deciding by \
+             EVALSHA instead, which costs the server more CPU per decision (Redis 7 or later \
+             with FUNCTION and FCALL allowed avoids it)"
+        );
+    }
+}
+
+/// Loads the function library (on every master of a cluster: redis-rs sends FUNCTION
+/// LOAD to all), replacing one of the same name and text.
+async fn load_library(conn: &mut impl ConnectionLike) -> RedisResult<()> {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(&library().0)
+        .query_async::<redis::Value>(conn)
+        .await
+        .map(|_| ())
+}
+
+/// Loads what decisions call: the function library, or where the server has no functions,
+/// the script that holds every algorithm (either way, checks the server takes it).
+pub(crate) async fn load(conn: &mut impl ConnectionLike) -> RedisResult<()> {
+    if FUNCTIONS.load(Ordering::Relaxed) {
+        match load_library(conn).await {
+            Err(e) if unsupported(&e) => without_functions(&e),
+            other => return other,
+        }
+    }
+    full_script().load_async(conn).await.map(|_| ())
+}
+
+/// One call of `decide.lua`: its keys and arguments, sent by FCALL or EVALSHA.
+#[derive(Debug, Default)]
+pub(crate) struct Call {
+    /// The algorithms its checks use (which script, for EVALSHA).
+    set: AlgorithmSet,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    fn new(set: AlgorithmSet) -> Call {
+        Call {
+            set,
+            ..Call::default()
+        }
+    }
+
+    fn key(&mut self, key: impl ToRedisArgs) -> &mut Call {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Call {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// Runs the call: FCALL, loading the library first where the server lacks it, or
+    /// EVALSHA where the server has no functions.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> RedisResult<T> {
+        if FUNCTIONS.load(Ordering::Relaxed) {
+            match self.fcall().query_async(conn).await {
+                Err(e) if e.to_string().contains("Function not found") => {
+                    match load_library(conn).await {
+                        Ok(()) => return self.fcall().query_async(conn).await,
+                        Err(e) if unsupported(&e) => without_functions(&e),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) if unsupported(&e) => without_functions(&e),
+                result => return result,
+            }
+        }
+        let mut call = script(self.set).prepare_invoke();
+        call.key(&self.keys).arg(&self.args);
+        call.invoke_async(conn).await
+    }
+
+    fn fcall(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&library().1)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+}
+
 /// The script for the algorithms in `set`, built and hashed once.
 fn script(set: AlgorithmSet) -> &'static Script {
     static SCRIPTS: [OnceLock<Script>; EVERY_ALGORITHM + 1] =
@@ -92,8 +232,9 @@ fn script(set: AlgorithmSet) -> &'static Script {
     SCRIPTS[set & EVERY_ALGORITHM].get_or_init(|| Script::new(&source(set)))
 }
 
-/// The script that holds every algorithm: loaded at connect to check the server takes it.
-pub(crate) fn full_script() -> &'static Script {
+/// The script that holds every algorithm: loaded at connect, where the server has no
+/// functions, to check it takes it.
+fn full_script() -> &'static Script {
     script(EVERY_ALGORITHM)
 }
 
@@ -101,8 +242,9 @@ pub(crate) fn full_script() -> &'static Script {
 /// reset_ms, and delay_ms (the wait when allowed, the retry-after when denied).
 const REPLY_FIELDS: usize = 4;
 
-/// A script's reply of integers: an array of them, or, from a batch, one string of them
-/// packed big-endian, eight bytes each (cheaper to read than hundreds of array elements).
+/// A call's reply of integers: an array of them, or (decide, peek, batch) one string of
+/// them packed big-endian, eight bytes each (cheaper for Redis to write and for redis-rs to
+/// read than array elements).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Integers(pub Vec<i64>);
 
@@ -143,16 +285,15 @@ pub(crate) struct Reply {
 }
 
 /// One call for `checks`: ARGV is the mode (for a decide, with each check's enforce flag),
-/// now, then six fields per check (see `lua/decide.lua`). `now` is `None` when the script
-/// should read Redis TIME.
+/// now, then two fields per check, its rule and its cost (see `lua/decide.lua`). `now` is
+/// `None` when the script should read Redis TIME.
 pub(crate) fn invocation<'c>(
     mode: Mode,
     checks: impl IntoIterator<Item = &'c Check>,
     now: Option<u64>,
-) -> ScriptInvocation<'static> {
+) -> Call {
     let checks: Vec<&Check> = checks.into_iter().collect();
-    let set = checks.iter().fold(0, |set, c| set | bit(c.rule.algorithm));
-    let mut call = script(set).prepare_invoke();
+    let mut call = Call::new(checks.iter().fold(0, |set, c| set | bit(c.rule.algorithm)));
     // Checks that ban (enforced, `ban_ms` > 0) take flag "2", their ban key after every
     // state key, and their `ban_ms` after every check's fields.
     let banning = checks.iter().any(|c| bans(c));
@@ -167,24 +308,26 @@ pub(crate) fn invocation<'c>(
 }
 
 /// One "adjust" call settling `adjustments` (`now` as for `invocation`): ARGV is "adjust",
-/// now, then per adjustment its check's first five fields, the amount and the time of the
-/// charge it adjusts. The reply is `{now}`.
+/// now, then per adjustment its check's rule, the amount and the time of the charge it
+/// adjusts. The reply is `{now}`.
 pub(crate) fn adjust_invocation<'a>(
     adjustments: impl IntoIterator<Item = &'a Adjustment>,
     now: Option<u64>,
-) -> ScriptInvocation<'static> {
+) -> Call {
     let adjustments: Vec<&Adjustment> = adjustments.into_iter().collect();
     let set = adjustments
         .iter()
         .fold(0, |set, a| set | bit(a.check.rule.algorithm));
-    let mut call = script(set).prepare_invoke();
+    let mut call = Call::new(set);
     call.arg("adjust")
         .arg(now.map(|n| n.to_string()).unwrap_or_default());
     for adjustment in adjustments {
         // A refund's calendar window is that of its charge.
         let of = (adjustment.amount < 0).then_some(adjustment.charged_at);
-        push_rule(&mut call, &adjustment.check, now, of);
-        call.arg(adjustment.amount).arg(adjustment.charged_at);
+        call.key(&adjustment.check.key)
+            .arg(rule_text(&adjustment.check, now, of))
+            .arg(adjustment.amount)
+            .arg(adjustment.charged_at);
     }
     call
 }
@@ -195,41 +338,53 @@ pub(crate) type Request<'c> = (&'c [Check], Option<u64>);
 /// One call deciding several requests in order, each all or nothing exactly as its own
 /// `invocation(Mode::Decide, ..)` would: ARGV is "batch", then "" when the script should
 /// read TIME (once, for all) or "each" when every request brings its `now` (all or none
-/// do), then per request its decide mode, its now with "each", its fields and its bans, or
-/// "=" and its now when they are those of the request before it; KEYS are each request's
-/// keys then its ban keys, request after request.
-pub(crate) fn batch_invocation(requests: &[Request<'_>]) -> ScriptInvocation<'static> {
+/// do), then per request its decide mode, its now with "each", its fields and its bans;
+/// after a request, "=" and a count N when the N requests after it send the same mode,
+/// fields and bans (only their keys, and with "each" their nows, which follow, are theirs).
+/// KEYS are each request's keys then its ban keys, request after request.
+pub(crate) fn batch_invocation(requests: &[Request<'_>]) -> Call {
     let set = requests
         .iter()
         .flat_map(|(checks, _)| checks.iter())
         .fold(0, |set, c| set | bit(c.rule.algorithm));
-    let mut call = script(set).prepare_invoke();
+    let mut call = Call::new(set);
     let each = requests.iter().any(|(_, now)| now.is_some());
     call.arg("batch").arg(if each { "each" } else { "" });
-    let mut before: &[Check] = &[];
-    for &(checks, now) in requests {
-        if same_fields(checks, before) {
-            call.arg("=");
-            if each {
-                call.arg(now.unwrap_or_default());
-            }
-            for check in checks {
-                call.key(&check.key);
-            }
-            for check in checks.iter().filter(|c| bans(c)) {
-                call.key(ban_key(&check.key));
-            }
-        } else {
-            let checks: Vec<&Check> = checks.iter().collect();
-            call.arg(flags("decide", &checks));
-            if each {
-                call.arg(now.unwrap_or_default());
-            }
-            push_checks(&mut call, &checks, true, now);
+    let mut at = 0;
+    while at < requests.len() {
+        let (checks, now) = requests[at];
+        let run = requests[at + 1..]
+            .iter()
+            .take_while(|(next, _)| same_fields(next, checks))
+            .count();
+        let refs: Vec<&Check> = checks.iter().collect();
+        call.arg(flags("decide", &refs));
+        if each {
+            call.arg(now.unwrap_or_default());
         }
-        before = checks;
+        push_checks(&mut call, &refs, true, now);
+        if run > 0 {
+            call.arg("=").arg(run);
+            for &(checks, now) in &requests[at + 1..=at + run] {
+                if each {
+                    call.arg(now.unwrap_or_default());
+                }
+                push_keys(&mut call, checks);
+            }
+        }
+        at += 1 + run;
     }
     call
+}
+
+/// A "=" request's keys: its checks', then the ban keys of those that ban.
+fn push_keys(call: &mut Call, checks: &[Check]) {
+    for check in checks {
+        call.key(&check.key);
+    }
+    for check in checks.iter().filter(|c| bans(c)) {
+        call.key(ban_key(&check.key));
+    }
 }
 
 /// Whether checks `a` send the same mode, fields and bans as checks `b` (their keys aside).
@@ -238,7 +393,7 @@ fn same_fields(a: &[Check], b: &[Check]) -> bool {
         && a.iter().zip(b).all(|(a, b)| {
             (a.rule, a.cost, a.enforce, a.lease, a.ban_ms)
                 == (b.rule, b.cost, b.enforce, b.lease, b.ban_ms)
-                // A calendar check's fields hold its request's time (`push_rule`).
+                // A calendar check's fields hold its request's time (`rule_text`).
                 && a.rule.calendar.is_none()
         })
 }
@@ -255,49 +410,43 @@ fn flags(mode: &str, checks: &[&Check]) -> String {
     text
 }
 
-/// Every check's key and six fields; with `banning`, then the ban key and the ban of every
-/// check that bans.
-/// A check's key and its first five fields: algorithm, limit, period, burst, max_delay.
+/// A check's rule as one argument, its five fields separated by spaces: algorithm, limit,
+/// period, burst, max_delay ("" when requests over the limit are rejected). The library
+/// parses each text once and keeps it (`lua/decide.lua`).
 ///
-/// A calendar fixed_window (DESIGN §20) sends instead, in the places of period, burst and
+/// Concurrency sends lease_ms and the lease id in the places of burst and max_delay. A
+/// calendar fixed_window (DESIGN §20) sends instead, in the places of period, burst and
 /// max_delay: minus the length of its window, the window's start, and the proxy's time
 /// (`now`, or the system clock's when the script reads TIME), which the script decides it
 /// at; the window is the one that time falls in, or `of` (a refund's charge).
-fn push_rule(
-    call: &mut ScriptInvocation<'static>,
-    check: &Check,
-    now: Option<u64>,
-    of: Option<u64>,
-) {
+fn rule_text(check: &Check, now: Option<u64>, of: Option<u64>) -> String {
     let rule = &check.rule;
-    call.key(&check.key)
-        .arg(rule.algorithm.name())
-        .arg(rule.limit);
+    let name = rule.algorithm.name();
     if let Some(calendar) = rule.calendar {
         let now = now.unwrap_or_else(crate::clock::unix_ms);
         let (start, end) = crate::limiter::calendar::window(calendar, of.unwrap_or(now));
-        call.arg(-((end - start) as i64)).arg(start).arg(now);
-        return;
+        return format!("{name} {} -{} {start} {now}", rule.limit, end - start);
     }
-    call.arg(rule.period_ms);
     if rule.algorithm == Algorithm::Concurrency {
-        // In the places of burst and max_delay, which concurrency has no use for.
-        call.arg(rule.lease_ms).arg(check.lease);
-    } else {
-        call.arg(rule.burst)
-            .arg(rule.max_delay_ms.map(|d| d.to_string()).unwrap_or_default());
+        return format!(
+            "{name} {} {} {} {}",
+            rule.limit, rule.period_ms, rule.lease_ms, check.lease
+        );
     }
+    let max_delay = rule.max_delay_ms.map(|d| d.to_string()).unwrap_or_default();
+    format!(
+        "{name} {} {} {} {max_delay}",
+        rule.limit, rule.period_ms, rule.burst
+    )
 }
 
-fn push_checks(
-    call: &mut ScriptInvocation<'static>,
-    checks: &[&Check],
-    banning: bool,
-    now: Option<u64>,
-) {
+/// Every check's key, rule and cost; with `banning`, then the ban key and the ban of every
+/// check that bans.
+fn push_checks(call: &mut Call, checks: &[&Check], banning: bool, now: Option<u64>) {
     for check in checks {
-        push_rule(call, check, now, None);
-        call.arg(check.cost);
+        call.key(&check.key)
+            .arg(rule_text(check, now, None))
+            .arg(check.cost);
     }
     if banning {
         for check in checks.iter().filter(|c| bans(c)) {
@@ -317,8 +466,8 @@ pub(crate) fn ban_key(key: &str) -> String {
 }
 
 /// Frees concurrency lease `lease` under `key`.
-pub(crate) fn release_invocation(key: &str, lease: u64) -> ScriptInvocation<'static> {
-    let mut call = script(bit(Algorithm::Concurrency)).prepare_invoke();
+pub(crate) fn release_invocation(key: &str, lease: u64) -> Call {
+    let mut call = Call::new(bit(Algorithm::Concurrency));
     call.key(key).arg("release").arg("").arg(lease);
     call
 }
@@ -326,13 +475,8 @@ pub(crate) fn release_invocation(key: &str, lease: u64) -> ScriptInvocation<'sta
 /// Makes concurrency lease `lease` under `key`, if still live, expire `lease_ms` after now
 /// (`now` as for `invocation`). The reply is `{now, 1}` if the lease was live, else
 /// `{now, 0}`.
-pub(crate) fn renew_invocation(
-    key: &str,
-    lease: u64,
-    lease_ms: u64,
-    now: Option<u64>,
-) -> ScriptInvocation<'static> {
-    let mut call = script(bit(Algorithm::Concurrency)).prepare_invoke();
+pub(crate) fn renew_invocation(key: &str, lease: u64, lease_ms: u64, now: Option<u64>) -> Call {
+    let mut call = Call::new(bit(Algorithm::Concurrency));
     call.key(key)
         .arg("renew")
         .arg(now.map(|n| n.to_string()).unwrap_or_default())
@@ -565,7 +709,11 @@ mod tests {
         }
         assert!(source(bit(Algorithm::LeakyBucket)).contains(&defines(Algorithm::Gcra)));
         assert!(all.contains(" gcra = gcra, leaky_bucket = leaky_bucket, "));
-        assert!(all.trim_end().ends_with("return reply"));
+        assert!(all.trim_end().ends_with("return decide(KEYS, ARGV)"));
+        let (text, name) = library();
+        assert!(text.starts_with(&format!("#!lua name={name}\n")));
+        assert!(text.ends_with(&format!("redis.register_function('{name}', decide)\n")));
+        assert_eq!(name.len(), "sluice_".len() + 16);
         assert_ne!(
             script(bit(Algorithm::Gcra)).get_hash(),
             full_script().get_hash()
@@ -588,10 +736,18 @@ mod tests {
                 "{algorithm:?}: bench/lua_cost.sh builds another script than source()"
             );
         }
+        let out = std::process::Command::new("bash")
+            .args([bench, "--library"])
+            .output()
+            .expect("bash runs bench/lua_cost.sh");
+        assert!(
+            out.status.success() && out.stdout == library().0.as_bytes(),
+            "bench/lua_cost.sh builds another library than library()"
+        );
     }
 
     #[test]
-    fn checks_become_keys_and_six_fields_each() {
+    fn checks_become_keys_and_two_fields_each() {
         let check = Check {
             key: "s:{h}:p:gcra".into(),
             rule: Rule {
@@ -614,32 +770,25 @@ mod tests {
             amount: -2,
         };
         let packed = adjust_invocation([&adjustment, &adjustment], Some(7));
-        let text = format!("{packed:?}");
-        assert!(
-            // mode, now, then seven fields per adjustment.
-            text.contains("args: 16") && text.contains("keys: 2"),
-            "{text}"
-        );
+        // mode, now, then three fields per adjustment.
+        assert_eq!((packed.args.len(), packed.keys.len()), (8, 2));
+        assert_eq!(packed.args[2], b"gcra 3 1000 5 250");
         // A banning check: its ban key after the state keys, its ban after the fields.
         let banning = Check {
             enforce: true,
             ban_ms: 9_000,
             ..check.clone()
         };
-        let text = format!(
-            "{:?}",
-            invocation(Mode::Decide, [&check, &banning], Some(7))
+        let call = invocation(Mode::Decide, [&check, &banning], Some(7));
+        assert_eq!((call.args.len(), call.keys.len()), (7, 3));
+        assert_eq!(call.args[0], b"decide02");
+        // One check to decide: four arguments (each costs Redis a Lua string and more).
+        let call = invocation(Mode::Decide, [&check], None);
+        assert_eq!(
+            call.args,
+            [&b"decide0"[..], b"", b"gcra 3 1000 5 250", b"2"]
         );
-        assert!(
-            text.contains("args: 15") && text.contains("keys: 3"),
-            "{text}"
-        );
-        // One check to decide: eight arguments, so Redis grows ARGV no further.
-        let text = format!("{:?}", invocation(Mode::Decide, [&check], None));
-        assert!(
-            text.contains("args: 8") && text.contains("keys: 1"),
-            "{text}"
-        );
+        assert_eq!(call.keys.len(), 1);
     }
 
     #[test]
@@ -667,22 +816,14 @@ mod tests {
         };
         let one = [check.clone()];
         let two = [check.clone(), banning];
-        // "batch", now; then per request its mode, six fields per check and its bans.
-        let text = format!("{:?}", batch_invocation(&[(&one, None), (&two, None)]));
-        assert!(
-            text.contains("args: 23") && text.contains("keys: 4"),
-            "{text}"
-        );
+        // "batch", now; then per request its mode, two fields per check and its bans.
+        let call = batch_invocation(&[(&one, None), (&two, None)]);
+        assert_eq!((call.args.len(), call.keys.len()), (11, 4));
         // With the caller's clock, every request brings its now.
-        let text = format!(
-            "{:?}",
-            batch_invocation(&[(&one, Some(5)), (&two, Some(6))])
-        );
-        assert!(
-            text.contains("args: 25") && text.contains("keys: 4"),
-            "{text}"
-        );
-        // A request with the fields of the one before sends "=" (and its now) and its keys.
+        let call = batch_invocation(&[(&one, Some(5)), (&two, Some(6))]);
+        assert_eq!((call.args.len(), call.keys.len()), (13, 4));
+        // Requests with the fields of the one before: "=", their count, their nows; their
+        // keys.
         let other = [
             Check {
                 key: "s:{i}:q:gcra".into(),
@@ -693,14 +834,14 @@ mod tests {
                 ..two[1].clone()
             },
         ];
-        let text = format!(
-            "{:?}",
-            batch_invocation(&[(&one, Some(5)), (&two, Some(6)), (&other, Some(7))])
-        );
-        assert!(
-            text.contains("args: 27") && text.contains("keys: 7"),
-            "{text}"
-        );
+        let call = batch_invocation(&[
+            (&one, Some(5)),
+            (&two, Some(6)),
+            (&other, Some(7)),
+            (&other, Some(8)),
+        ]);
+        assert_eq!((call.args.len(), call.keys.len()), (17, 10));
+        assert_eq!(call.args[13..], [&b"="[..], b"2", b"7", b"8"]);
         // The script holds every algorithm of the batch.
         let window = Check {
             rule: Rule {
@@ -710,10 +851,9 @@ mod tests {
             ..check.clone()
         };
         let mixed = batch_invocation(&[(&one, None), (std::slice::from_ref(&window), None)]);
-        let set = bit(Algorithm::Gcra) | bit(Algorithm::FixedWindow);
-        assert!(
-            format!("{mixed:?}").contains(script(set).get_hash()),
-            "{mixed:?}"
+        assert_eq!(
+            mixed.set,
+            bit(Algorithm::Gcra) | bit(Algorithm::FixedWindow)
         );
         assert_eq!(flags("decide", &[&two[0], &two[1], &window]), "decide121");
     }

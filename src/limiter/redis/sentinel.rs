@@ -253,7 +253,7 @@ impl SentinelStore {
                 let this = self.clone();
                 tokio::spawn(async move {
                     let Ok(mut m) = this.current() else { return };
-                    let load = scripts::full_script().load_async(&mut m);
+                    let load = scripts::load(&mut m);
                     if let Ok(result) = tokio::time::timeout(this.io_timeout, load).await {
                         this.check(&result);
                     }

@@ -79,8 +79,8 @@ impl Store {
         if let Store::Sentinel(s) = self {
             s.resolve().await?;
         }
-        let result = scripts::full_script().load_async(&mut self.conn()?).await;
-        self.checked(result).map(|_| ())
+        let result = scripts::load(&mut self.conn()?).await;
+        self.checked(result)
     }
 
     /// Settles adjustments: one call per cluster slot (each key's adjustment is atomic on
@@ -96,7 +96,7 @@ impl Store {
         };
         for group in groups {
             let call = scripts::adjust_invocation(group.iter().map(|&i| &adjustments[i]), now);
-            let result = call.invoke_async::<Vec<i64>>(&mut self.conn()?).await;
+            let result = call.invoke::<Vec<i64>>(&mut self.conn()?).await;
             self.checked(result)?;
         }
         Ok(())
@@ -104,7 +104,7 @@ impl Store {
 
     pub(super) async fn release(self, key: String, lease: u64) -> Result<(), BackendError> {
         let release = scripts::release_invocation(&key, lease);
-        let result = release.invoke_async::<Vec<i64>>(&mut self.conn()?).await;
+        let result = release.invoke::<Vec<i64>>(&mut self.conn()?).await;
         self.checked(result).map(|_| ())
     }
 
@@ -116,7 +116,7 @@ impl Store {
         now: Option<u64>,
     ) -> Result<bool, BackendError> {
         let renew = scripts::renew_invocation(&key, lease, lease_ms, now);
-        let result = renew.invoke_async::<Vec<i64>>(&mut self.conn()?).await;
+        let result = renew.invoke::<Vec<i64>>(&mut self.conn()?).await;
         match self.checked(result)?[..] {
             [_, held] => Ok(held == 1),
             ref other => Err(BackendError::Script(format!(
@@ -177,8 +177,9 @@ async fn call<'c>(
     now: Option<u64>,
 ) -> Result<Vec<i64>, RedisError> {
     scripts::invocation(mode, checks, now)
-        .invoke_async(conn)
+        .invoke::<scripts::Integers>(conn)
         .await
+        .map(|integers| integers.0)
 }
 
 pub(super) fn enforce_flags(checks: &[Check]) -> Vec<bool> {
