@@ -241,6 +241,23 @@ impl Twin {
         self.generation.get()
     }
 
+    /// For each phase (a rule and a number of requests), how many cost-1 requests on `key`
+    /// at `now` both backends admitted: the rule changes between phases as an override does.
+    async fn admitted_in_phases(&self, key: &str, now: u64, phases: &[(Rule, u32)]) -> Vec<u32> {
+        let mut passed = Vec::new();
+        for &(r, n) in phases {
+            let mut admitted = 0;
+            for i in 0..n {
+                let ctx = || format!("{r:?} request {i}");
+                if self.decide(&[check(key, r, 1, true, 0)], now, &ctx).await[0].allowed {
+                    admitted += 1;
+                }
+            }
+            passed.push(admitted);
+        }
+        passed
+    }
+
     async fn decide(
         &self,
         checks: &[Check],
@@ -1518,18 +1535,9 @@ async fn a_raised_limit_admits_exactly_the_difference_at_once() {
         );
         let k = key("raise", "p", &low);
         let now = clock.now();
-        let mut passed = Vec::new();
-        for (r, n) in [(low, 5), (high, 5), (low, 1)] {
-            let mut admitted = 0;
-            for i in 0..n {
-                let c = check(&k, r, 1, true, 0);
-                let ctx = || format!("{r:?} request {i}");
-                if twin.decide(&[c], now, &ctx).await[0].allowed {
-                    admitted += 1;
-                }
-            }
-            passed.push(admitted);
-        }
+        let passed = twin
+            .admitted_in_phases(&k, now, &[(low, 5), (high, 5), (low, 1)])
+            .await;
         // 3 with the low limit, exactly the difference when raised, none when lowered (a
         // leaky_bucket queues one more than its burst).
         let first = if algorithm == Algorithm::LeakyBucket {
@@ -1555,18 +1563,9 @@ async fn a_longer_period_keeps_a_windows_count() {
         );
         let k = key("longer", "p", &minute);
         let now = clock.now();
-        let mut passed = Vec::new();
-        for (r, n) in [(minute, 4), (hour, 4)] {
-            let mut admitted = 0;
-            for i in 0..n {
-                let c = check(&k, r, 1, true, 0);
-                let ctx = || format!("{r:?} request {i}");
-                if twin.decide(&[c], now, &ctx).await[0].allowed {
-                    admitted += 1;
-                }
-            }
-            passed.push(admitted);
-        }
+        let passed = twin
+            .admitted_in_phases(&k, now, &[(minute, 4), (hour, 4)])
+            .await;
         assert_eq!(passed, [3, 2], "{algorithm:?}");
     }
 }
