@@ -94,7 +94,9 @@ impl ServerApp for Edge {
             {
                 return None;
             }
-            let mut session = ServerSession::new_http1(conn);
+            // Boxed here, as Pingora's proxy session holds it: passed by value, it would be
+            // written once more into the request future.
+            let mut session = Box::new(ServerSession::new_http1(conn));
             match settings.take() {
                 Some(s) => s.apply_to_session(&mut session),
                 None if *shutdown.borrow() => session.set_keepalive(None),

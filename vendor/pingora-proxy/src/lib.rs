@@ -524,17 +524,17 @@ where
 
     async fn finish(
         &self,
-        mut session: Session,
+        session: &mut Session,
         ctx: &mut SV::CTX,
         reuse: bool,
         error: Option<Box<Error>>,
-    ) -> Option<ReusedHttpStream>
+    ) -> Option<HttpPersistentSettings>
     where
         SV: ProxyHttp + Send + Sync,
         SV::CTX: Send + Sync,
     {
         self.inner
-            .logging(&mut session, error.as_deref(), ctx)
+            .logging(session, error.as_deref(), ctx)
             .await;
 
         if let Some(e) = error {
@@ -543,17 +543,11 @@ where
 
         if reuse {
             // TODO: log error
-            let mut persistent_settings = HttpPersistentSettings::for_session(&session);
-            if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
+            let mut persistent_settings = HttpPersistentSettings::for_session(session);
+            if let Some(uc) = self.inner.persist_connection_context(session, ctx) {
                 persistent_settings.set_user_context(uc);
             }
-            session
-                .downstream_session
-                .finish()
-                .await
-                .ok()
-                .flatten()
-                .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings))
+            Some(persistent_settings)
         } else {
             None
         }
@@ -1151,23 +1145,23 @@ where
 {
     async fn process_request(
         self: &Arc<Self>,
-        mut session: Session,
-        mut ctx: <SV as ProxyHttp>::CTX,
-    ) -> Option<ReusedHttpStream>
+        session: &mut Session,
+        ctx: &mut <SV as ProxyHttp>::CTX,
+    ) -> Option<HttpPersistentSettings>
     where
         SV: ProxyHttp + Send + Sync + 'static,
         <SV as ProxyHttp>::CTX: Send + Sync,
     {
         if let Err(e) = self
             .inner
-            .early_request_filter(&mut session, &mut ctx)
+            .early_request_filter(session, ctx)
             .await
         {
-            return Box::pin(self.handle_error(session, &mut ctx, e, "Fail to early filter request:"))
+            return Box::pin(self.handle_error(session, ctx, e, "Fail to early filter request:"))
                 .await;
         }
 
-        if self.inner.allow_spawning_subrequest(&session, &ctx) {
+        if self.inner.allow_spawning_subrequest(session, ctx) {
             session.subrequest_spawner = Some(SubrequestSpawner::new(self.clone()));
         }
 
@@ -1181,52 +1175,46 @@ where
         {
             return Box::pin(self.handle_error(
                     session,
-                    &mut ctx,
+                    ctx,
                     e,
                     "Failed in downstream modules request filter:",
                 ))
                 .await;
         }
 
-        match self.inner.request_filter(&mut session, &mut ctx).await {
+        match self.inner.request_filter(session, ctx).await {
             Ok(response_sent) => {
                 if response_sent {
                     // TODO: log error
-                    self.inner.logging(&mut session, None, &mut ctx).await;
-                    self.cleanup_sub_req(&mut session);
-                    let mut persistent_settings = HttpPersistentSettings::for_session(&session);
-                    if let Some(uc) = self.inner.persist_connection_context(&session, &ctx) {
+                    self.inner.logging(session, None, ctx).await;
+                    self.cleanup_sub_req(session);
+                    let mut persistent_settings = HttpPersistentSettings::for_session(session);
+                    if let Some(uc) = self.inner.persist_connection_context(session, ctx) {
                         persistent_settings.set_user_context(uc);
                     }
-                    return session
-                        .downstream_session
-                        .finish()
-                        .await
-                        .ok()
-                        .flatten()
-                        .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings));
+                    return Some(persistent_settings);
                 }
                 /* else continue */
             }
             Err(e) => {
-                return Box::pin(self.handle_error(session, &mut ctx, e, "Fail to filter request:"))
+                return Box::pin(self.handle_error(session, ctx, e, "Fail to filter request:"))
                     .await;
             }
         }
 
-        if let Some((reuse, err)) = self.proxy_cache(&mut session, &mut ctx).await {
+        if let Some((reuse, err)) = self.proxy_cache(session, ctx).await {
             // cache hit
-            return self.finish(session, &mut ctx, reuse, err).await;
+            return self.finish(session, ctx, reuse, err).await;
         }
         // either uncacheable, or cache miss
 
         // there should not be a write lock in the sub req ctx after this point
-        self.cleanup_sub_req(&mut session);
+        self.cleanup_sub_req(session);
 
         // decide if the request is allowed to go to upstream
         match self
             .inner
-            .proxy_upstream_filter(&mut session, &mut ctx)
+            .proxy_upstream_filter(session, ctx)
             .await
         {
             Ok(proxy_to_upstream) => {
@@ -1243,7 +1231,7 @@ where
                             Err(e) => {
                                 return Box::pin(self.handle_error(
                                         session,
-                                        &mut ctx,
+                                        ctx,
                                         e,
                                         "Error responding with Bad Gateway:",
                                     ))
@@ -1252,7 +1240,7 @@ where
                         }
                     }
 
-                    return self.finish(session, &mut ctx, true, None).await;
+                    return self.finish(session, ctx, true, None).await;
                 }
                 /* else continue */
             }
@@ -1263,7 +1251,7 @@ where
 
                 return Box::pin(self.handle_error(
                         session,
-                        &mut ctx,
+                        ctx,
                         e,
                         "Error deciding if we should proxy to upstream:",
                     ))
@@ -1279,7 +1267,7 @@ where
         while retries < self.max_retries {
             retries += 1;
 
-            let (reuse, e) = self.proxy_to_upstream(&mut session, &mut ctx).await;
+            let (reuse, e) = self.proxy_to_upstream(session, ctx).await;
             server_reuse = reuse;
 
             match e {
@@ -1288,8 +1276,8 @@ where
                     // only log error that will be retried here, the final error will be logged below
                     if retry
                         && !self.inner.suppress_proxy_warn_log(
-                            &session,
-                            &ctx,
+                            session,
+                            ctx,
                             &error,
                             ProxyWarnLogContext::UpstreamRetry,
                         )
@@ -1299,7 +1287,7 @@ where
                             error,
                             retries,
                             retry,
-                            self.inner.request_summary(&session, &ctx)
+                            self.inner.request_summary(session, ctx)
                         );
                     }
                     proxy_error = Some(error);
@@ -1321,8 +1309,8 @@ where
         let serve_stale_result = if proxy_error.is_some() && session.cache.can_serve_stale_error() {
             // sluice: boxed (an error path), as handle_error below.
             Box::pin(self.handle_stale_if_error(
-                &mut session,
-                &mut ctx,
+                session,
+                ctx,
                 proxy_error.as_ref().unwrap(),
             ))
             .await
@@ -1348,23 +1336,23 @@ where
                 };
                 session.cache.disable(reason);
             }
-            let res = self.inner.fail_to_proxy(&mut session, e, &mut ctx).await;
+            let res = self.inner.fail_to_proxy(session, e, ctx).await;
 
             // final error will have > 0 status unless downstream connection is dead
-            if !self.inner.suppress_error_log(&session, &ctx, e) {
+            if !self.inner.suppress_error_log(session, ctx, e) {
                 error!(
                     "Fail to proxy: {}, status: {}, tries: {}, retry: {}, {}",
                     e,
                     res.error_code,
                     retries,
                     false, // we never retry here
-                    self.inner.request_summary(&session, &ctx),
+                    self.inner.request_summary(session, ctx),
                 );
             }
         }
 
         // logging() will be called in finish()
-        self.finish(session, &mut ctx, server_reuse, final_error)
+        self.finish(session, ctx, server_reuse, final_error)
             .await
     }
 
@@ -1372,41 +1360,35 @@ where
     // path, whose future (about 4.6 KiB) was the largest part of every request's.
     async fn handle_error(
         &self,
-        mut session: Session,
+        session: &mut Session,
         ctx: &mut <SV as ProxyHttp>::CTX,
         e: Box<Error>,
         context: &str,
-    ) -> Option<ReusedHttpStream>
+    ) -> Option<HttpPersistentSettings>
     where
         SV: ProxyHttp + Send + Sync + 'static,
         <SV as ProxyHttp>::CTX: Send + Sync,
     {
-        let res = self.inner.fail_to_proxy(&mut session, &e, ctx).await;
-        if !self.inner.suppress_error_log(&session, ctx, &e) {
+        let res = self.inner.fail_to_proxy(session, &e, ctx).await;
+        if !self.inner.suppress_error_log(session, ctx, &e) {
             error!(
                 "{context} {}, status: {}, {}",
                 e,
                 res.error_code,
-                self.inner.request_summary(&session, ctx)
+                self.inner.request_summary(session, ctx)
             );
         }
-        self.inner.logging(&mut session, Some(&e), ctx).await;
-        self.cleanup_sub_req(&mut session);
+        self.inner.logging(session, Some(&e), ctx).await;
+        self.cleanup_sub_req(session);
 
         session.downstream_session.on_proxy_failure(e);
 
         if res.can_reuse_downstream {
-            let mut persistent_settings = HttpPersistentSettings::for_session(&session);
-            if let Some(uc) = self.inner.persist_connection_context(&session, ctx) {
+            let mut persistent_settings = HttpPersistentSettings::for_session(session);
+            if let Some(uc) = self.inner.persist_connection_context(session, ctx) {
                 persistent_settings.set_user_context(uc);
             }
-            session
-                .downstream_session
-                .finish()
-                .await
-                .ok()
-                .flatten()
-                .map(|s| ReusedHttpStream::from_reusable_stream(s, persistent_settings))
+            Some(persistent_settings)
         } else {
             None
         }
@@ -1462,8 +1444,9 @@ where
 
         session.subrequest_ctx.replace(sub_req_ctx);
         trace!("processing subrequest");
-        let ctx = self.inner.new_ctx();
-        self.process_request(session, ctx).await;
+        let mut ctx = self.inner.new_ctx();
+        let settings = self.process_request(&mut session, &mut ctx).await;
+        Self::finish_downstream(session.downstream_session, settings).await;
         trace!("subrequest done");
     }
 }
@@ -1567,15 +1550,17 @@ where
     C: custom::Connector,
 {
     /// [`HttpServerApp::process_new_http()`], awaited without a box.
+    ///
+    /// The session comes boxed, and the proxy session and `CTX` are lent to each phase
+    /// rather than moved: at many connections each move writes the value again into
+    /// another part of this future, in memory that is cold by then.
     pub async fn process_new_http_unboxed(
         self: &Arc<Self>,
-        mut session: HttpSession,
+        mut session: Box<HttpSession>,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
         // Extract user context from the previous request before the session is moved into the Box
         let prev_user_ctx = session.take_connection_user_context();
-
-        let session = Box::new(session);
 
         // TODO: keepalive pool, use stack
         let mut session = match self.handle_new_request(session).await {
@@ -1602,7 +1587,23 @@ where
                 .on_connection_reuse(&mut session, &mut ctx, prev_ctx);
         }
 
-        self.process_request(session, ctx).await
+        let settings = self.process_request(&mut session, &mut ctx).await;
+        Self::finish_downstream(session.downstream_session, settings).await
+    }
+
+    /// Every request's last step, after logging: flush what is left of the response and,
+    /// when the connection may be reused, hand it back for the next request.
+    async fn finish_downstream(
+        downstream: Box<HttpSession>,
+        settings: Option<HttpPersistentSettings>,
+    ) -> Option<ReusedHttpStream> {
+        let settings = settings?;
+        downstream
+            .finish_boxed()
+            .await
+            .ok()
+            .flatten()
+            .map(|s| ReusedHttpStream::from_reusable_stream(s, settings))
     }
 }
 
@@ -1618,7 +1619,7 @@ where
         session: HttpSession,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        self.process_new_http_unboxed(session, shutdown).await
+        self.process_new_http_unboxed(Box::new(session), shutdown).await
     }
 
     async fn http_cleanup(&self) {

@@ -287,6 +287,37 @@ impl Session {
         }
     }
 
+    /// sluice: [`Self::finish`] for a boxed session, finished in place rather than moved into
+    /// this future: at many connections each move of the session (680 bytes for HTTP/1)
+    /// writes it again into memory that is cold by then.
+    pub async fn finish_boxed(mut self: Box<Self>) -> Result<Option<ReusableHttpStream>> {
+        match &mut *self {
+            Self::H1(s) => {
+                // need to flush body due to buffering
+                s.finish_body().await?;
+                let Some(prefix) = s.prepare_reuse().await? else {
+                    return Ok(None);
+                };
+                match *self {
+                    Self::H1(s) => Ok(Some(s.into_reusable(prefix))),
+                    _ => unreachable!("the session is HTTP/1"),
+                }
+            }
+            Self::H2(s) => {
+                s.finish()?;
+                Ok(None)
+            }
+            Self::Subrequest(s) => {
+                s.finish().await?;
+                Ok(None)
+            }
+            Self::Custom(s) => {
+                s.finish().await?;
+                Ok(None)
+            }
+        }
+    }
+
     /// Callback for cleanup logic on downstream specifically when we fail to proxy the session
     /// other than cleanup via finish().
     ///

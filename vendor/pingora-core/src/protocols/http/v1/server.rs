@@ -1450,6 +1450,14 @@ impl HttpSession {
     /// returned. If there was an error while draining any remaining request body that error will
     /// be returned.
     pub async fn reuse(mut self) -> Result<Option<ReusableHttpStream>> {
+        let reusable = self.prepare_reuse().await?;
+        Ok(reusable.map(|prefix| self.into_reusable(prefix)))
+    }
+
+    // sluice: `reuse` in two steps, so that a boxed session is finished in place (see
+    // `Session::finish_boxed`). The waiting step: `None` when the connection is not
+    // reusable (it has been shut down), else the bytes read past this request, if any.
+    pub(crate) async fn prepare_reuse(&mut self) -> Result<Option<Option<BytesMut>>> {
         if !self.will_keepalive() {
             debug!("HTTP shutdown connection");
             self.shutdown().await;
@@ -1460,17 +1468,19 @@ impl HttpSession {
                 debug!("bytes overread on request, disallowing reuse");
                 Ok(None)
             } else {
-                let pipelined_prefix = self
-                    .pipelining_enabled
-                    .then(|| self.take_body_overread())
-                    .flatten()
-                    .filter(|prefix| !prefix.is_empty());
-                Ok(Some(ReusableHttpStream::new(
-                    self.underlying_stream,
-                    pipelined_prefix,
-                )))
+                Ok(Some(
+                    self.pipelining_enabled
+                        .then(|| self.take_body_overread())
+                        .flatten()
+                        .filter(|prefix| !prefix.is_empty()),
+                ))
             }
         }
+    }
+
+    // sluice: the second step, which gives up the session for its stream.
+    pub(crate) fn into_reusable(self, pipelined_prefix: Option<BytesMut>) -> ReusableHttpStream {
+        ReusableHttpStream::new(self.underlying_stream, pipelined_prefix)
     }
 
     /// Write a `100 Continue` response to the client.
