@@ -412,22 +412,39 @@ where
             Err(e) => return (false, Some(e)),
         };
 
-        let client_session = self.client_upstream.get_http_session(&*peer).await;
+        // sluice: the session stays where this future first holds it. An HTTP/1 session is
+        // lent to each step and readied for the pool in place; moved to each (472 bytes, four
+        // times), it was written again into memory that is cold at many connections.
+        let mut client_session = self.client_upstream.get_http_session(&*peer).await;
+        if let Ok((ClientSession::H1(h1), client_reused)) = &mut client_session {
+            let (server_reused, client_reuse, error) = self
+                .proxy_to_h1_upstream(session, h1, *client_reused, &peer, ctx)
+                .await;
+            let client_reused = *client_reused;
+            if client_reuse {
+                h1.respect_keepalive();
+                if h1.prepare_reuse().await {
+                    if let Ok((ClientSession::H1(h1), _)) = client_session {
+                        self.client_upstream.release_http1_stream(
+                            h1.into_inner(),
+                            &*peer,
+                            peer.idle_timeout(),
+                        );
+                    }
+                }
+            }
+            return (
+                server_reused,
+                error.map(|e| {
+                    self.inner
+                        .error_while_proxy(&peer, session, e, ctx, client_reused)
+                }),
+            );
+        }
         match client_session {
             Ok((client_session, client_reused)) => {
                 let (server_reused, error) = match client_session {
-                    ClientSession::H1(mut h1) => {
-                        let (server_reused, client_reuse, error) = self
-                            .proxy_to_h1_upstream(session, &mut h1, client_reused, &peer, ctx)
-                            .await;
-                        if client_reuse {
-                            let session = ClientSession::H1(h1);
-                            self.client_upstream
-                                .release_http_session(session, &*peer, peer.idle_timeout())
-                                .await;
-                        }
-                        (server_reused, error)
-                    }
+                    ClientSession::H1(_) => unreachable!("HTTP/1 is proxied above"),
                     ClientSession::H2(mut h2) => {
                         // sluice: boxed, as the custom one below: inline, each made every
                         // request's future (HTTP/1 upstreams' too) larger.

@@ -19,6 +19,7 @@ use crate::connectors::ConnectorOptions;
 use crate::listeners::ALPN;
 use crate::protocols::http::client::HttpSession;
 use crate::protocols::http::v1::client::HttpSession as Http1Session;
+use crate::protocols::Stream;
 use crate::upstreams::peer::Peer;
 use pingora_error::Result;
 use std::sync::atomic::AtomicU64;
@@ -131,6 +132,19 @@ where
             let session = Box::pin(self.h2.new_http_session(peer)).await?;
             Ok((session, false))
         }
+    }
+
+    /// sluice: [`Self::release_http_session`] for an HTTP/1 session that the caller readied in
+    /// place with
+    /// [`prepare_reuse`](crate::protocols::http::v1::client::HttpSession::prepare_reuse):
+    /// its stream goes back into the pool.
+    pub fn release_http1_stream<P: Peer + Send + Sync + 'static>(
+        &self,
+        stream: Stream,
+        peer: &P,
+        idle_timeout: Option<Duration>,
+    ) {
+        self.h1.release_stream(stream, peer, idle_timeout);
     }
 
     pub async fn release_http_session<P: Peer + Send + Sync + 'static>(

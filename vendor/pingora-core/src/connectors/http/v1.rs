@@ -14,6 +14,7 @@
 
 use crate::connectors::{ConnectorOptions, TransportConnector};
 use crate::protocols::http::v1::client::HttpSession;
+use crate::protocols::Stream;
 use crate::upstreams::peer::Peer;
 
 use pingora_error::Result;
@@ -61,6 +62,19 @@ impl Connector {
             self.transport
                 .release_stream(stream, peer.reuse_hash(), idle_timeout);
         }
+    }
+
+    /// sluice: put the stream of a session readied by
+    /// [`HttpSession::prepare_reuse`](crate::protocols::http::v1::client::HttpSession::prepare_reuse)
+    /// back into the pool.
+    pub fn release_stream<P: Peer + Send + Sync + 'static>(
+        &self,
+        stream: Stream,
+        peer: &P,
+        idle_timeout: Option<Duration>,
+    ) {
+        self.transport
+            .release_stream(stream, peer.reuse_hash(), idle_timeout);
     }
 
     /// Return the number of times a pooled connection was found to contain

@@ -660,6 +660,18 @@ impl HttpSession {
     /// If the connection cannot be reused, the underlying stream will be closed and `None` will be
     /// returned.
     pub async fn reuse(mut self) -> Option<Stream> {
+        if self.prepare_reuse().await {
+            Some(self.underlying_stream)
+        } else {
+            None
+        }
+    }
+
+    /// sluice: [`Self::reuse`] in place, for a caller that holds the session in its own
+    /// future and would otherwise move it (472 bytes, written again into cold memory at many
+    /// connections) into this one: whether the connection may be reused. When it may not,
+    /// it has been shut down. When it may, take the stream with [`Self::into_inner`].
+    pub async fn prepare_reuse(&mut self) -> bool {
         if !self.body_reader.body_complete() || self.body_reader.has_bytes_overread() {
             self.set_keepalive(None);
         }
@@ -670,9 +682,9 @@ impl HttpSession {
             KeepaliveStatus::Off => {
                 debug!("HTTP shutdown connection");
                 self.shutdown().await;
-                None
+                false
             }
-            _ => Some(self.underlying_stream),
+            _ => true,
         }
     }
 
