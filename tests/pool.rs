@@ -192,10 +192,22 @@ fn an_idle_upstream_connection_is_kept_then_closed_after_keepalive_timeout() {
     // Kept for the next request: a second one within the timeout reuses it.
     thread::sleep(Duration::from_millis(300));
     request_on_new_connection(sluice.addr);
-    assert_eq!(accepted.load(Ordering::SeqCst), 1, "the idle connection was not reused");
-    assert_eq!(ended.load(Ordering::SeqCst), 0, "the idle connection was closed early");
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "the idle connection was not reused"
+    );
+    assert_eq!(
+        ended.load(Ordering::SeqCst),
+        0,
+        "the idle connection was closed early"
+    );
     // Then closed once idle for keepalive_timeout (checked every second).
-    assert_eq!(wait_for(&ended, 1, Duration::from_secs(5)), 1, "never closed");
+    assert_eq!(
+        wait_for(&ended, 1, Duration::from_secs(5)),
+        1,
+        "never closed"
+    );
     let idle_for = answered.elapsed();
     assert!(
         idle_for >= Duration::from_millis(1200),
@@ -232,10 +244,21 @@ fn the_pool_keeps_at_most_keepalive_idle_connections() {
     assert_eq!(accepted.load(Ordering::SeqCst), AT_ONCE);
     // Past the pool's size, the connections released first are closed as the others come
     // back; two stay open for the next requests.
-    assert_eq!(wait_for(&ended, AT_ONCE - 2, Duration::from_secs(5)), AT_ONCE - 2);
+    assert_eq!(
+        wait_for(&ended, AT_ONCE - 2, Duration::from_secs(5)),
+        AT_ONCE - 2
+    );
     thread::sleep(Duration::from_millis(1500));
-    assert_eq!(ended.load(Ordering::SeqCst), AT_ONCE - 2, "a kept connection was closed");
+    assert_eq!(
+        ended.load(Ordering::SeqCst),
+        AT_ONCE - 2,
+        "a kept connection was closed"
+    );
     request_on_new_connection(addr);
     request_on_new_connection(addr);
-    assert_eq!(accepted.load(Ordering::SeqCst), AT_ONCE, "a kept connection was not reused");
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        AT_ONCE,
+        "a kept connection was not reused"
+    );
 }
