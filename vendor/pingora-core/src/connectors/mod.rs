@@ -259,7 +259,7 @@ impl TransportConnector {
         // test_reusable_stream: we assume server would never actively send data
         // first on an idle stream.
         #[cfg(unix)]
-        if peer.matches_fd(stream.id())
+        if same_peer(peer, &stream)
             && test_reusable_stream(&mut stream, &self.unexpected_data_conn_count)
         {
             Some(stream)
@@ -440,6 +440,23 @@ use futures::future::FutureExt;
 use tokio::io::AsyncReadExt;
 
 /// Test whether a stream is already closed or not reusable (server sent unexpected data)
+// sluice: whether a pooled stream is connected to `peer`, by the address its socket digest
+// cached when the connection was made rather than by a `getpeername` on every reuse (one system
+// call per proxied request); a peer behind a proxy, or a stream without a digest, is still
+// checked on its socket.
+#[cfg(unix)]
+fn same_peer<P: Peer>(peer: &P, stream: &Stream) -> bool {
+    use crate::protocols::l4::socket::SocketAddr as PeerAddr;
+    if peer.get_proxy().is_none() && matches!(peer.address(), PeerAddr::Inet(_)) {
+        if let Some(digest) = stream.get_socket_digest() {
+            if let Some(addr) = digest.peer_addr() {
+                return addr == peer.address();
+            }
+        }
+    }
+    peer.matches_fd(stream.id())
+}
+
 fn test_reusable_stream(stream: &mut Stream, unexpected_data_conn_count: &AtomicU64) -> bool {
     let mut buf = [0; 1];
     // tokio::task::unconstrained because now_or_never may yield None when the future is ready
