@@ -10,9 +10,12 @@
 // - one sweep per pool, every `SWEEP_EVERY`, closes the connections past their idle timeout
 //   and those the upstream closed or wrote to while idle. So an idle connection is closed
 //   within `SWEEP_EVERY` of its timeout, or of the upstream closing it, instead of at once.
+// Each worker thread keeps its own list (a shard of the pool, of the pool's whole size), as
+// nginx's workers each keep their own: no lock is contended across threads, and a connection
+// is reused by the thread whose reactor it is registered with.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -24,11 +27,29 @@ use crate::protocols::Stream;
 /// How often the idle connections are checked.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
+/// Shards of a pool: more than the worker threads of any machine sluice runs on; a thread
+/// beyond that shares a shard with another.
+const SHARDS: usize = 256;
+
+/// The shard of the current thread, assigned in turn on its first use.
+fn shard_of_this_thread() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    SHARD.with(|s| *s)
+}
+
 pub(crate) struct IdlePool {
+    /// The most idle connections each shard keeps.
     size: usize,
-    state: Mutex<State>,
+    shards: Box<[Shard]>,
     sweeping: AtomicBool,
 }
+
+/// A cache line of its own, so that threads do not share one.
+#[repr(align(128))]
+struct Shard(Mutex<State>);
 
 #[derive(Default)]
 struct State {
@@ -83,12 +104,18 @@ impl IdlePool {
     pub(crate) fn new(size: usize) -> Self {
         IdlePool {
             size,
-            state: Mutex::new(State::default()),
+            shards: (0..SHARDS)
+                .map(|_| Shard(Mutex::new(State::default())))
+                .collect(),
             sweeping: AtomicBool::new(false),
         }
     }
 
-    /// Keeps `stream` for the next request to `key`, for at most `timeout`.
+    fn shard(&self) -> &Mutex<State> {
+        &self.shards[shard_of_this_thread()].0
+    }
+
+    /// Keeps `stream` for the next request to `key` on this thread, for at most `timeout`.
     pub(crate) fn put(
         self: &Arc<Self>,
         key: u64,
@@ -102,7 +129,7 @@ impl IdlePool {
         }
         let now = Instant::now();
         let oldest = {
-            let mut state = self.state.lock();
+            let mut state = self.shard().lock();
             let oldest = if state.count >= self.size {
                 state.pop_oldest()
             } else {
@@ -119,12 +146,13 @@ impl IdlePool {
         }
     }
 
-    /// The connection to `key` released last that is still within its idle timeout.
+    /// The connection to `key` released last on this thread that is still within its idle
+    /// timeout.
     pub(crate) fn take(&self, key: u64) -> Option<Stream> {
         let now = Instant::now();
         let mut expired = Vec::new();
         let found = {
-            let mut state = self.state.lock();
+            let mut state = self.shard().lock();
             let State { by_key, count, .. } = &mut *state;
             let queue = by_key.get_mut(&key)?;
             let mut found = None;
@@ -161,43 +189,49 @@ impl IdlePool {
     }
 
     /// Closes the connections past their idle timeout and those that are no longer
-    /// reusable; each key's list is checked outside the lock.
+    /// reusable; each key's list is checked outside its shard's lock.
     fn sweep(&self, unexpected_data: &AtomicU64) {
         let now = Instant::now();
-        let keys: Vec<u64> = {
-            let mut state = self.state.lock();
-            state.by_key.retain(|_, q| !q.is_empty());
-            state.by_key.keys().copied().collect()
-        };
-        for key in keys {
-            let checked = {
-                let mut state = self.state.lock();
-                let Some(queue) = state.by_key.get_mut(&key) else {
-                    continue;
-                };
-                let checked = std::mem::take(queue);
-                state.count -= checked.len();
-                checked
+        for Shard(shard) in self.shards.iter() {
+            let keys: Vec<u64> = {
+                let mut state = shard.lock();
+                state.by_key.retain(|_, q| !q.is_empty());
+                state.by_key.keys().copied().collect()
             };
-            let kept: Vec<Idle> = checked
-                .into_iter()
-                .filter_map(|mut idle| {
-                    let reusable =
-                        !idle.expired(now) && test_reusable_stream(&mut idle.stream, unexpected_data);
-                    reusable.then_some(idle)
-                })
-                .collect();
-            let mut state = self.state.lock();
-            // Released before anything put back meanwhile: in front, in their order.
-            let queue = state.by_key.entry(key).or_default();
-            let kept_count = kept.len();
-            for idle in kept.into_iter().rev() {
-                queue.push_front(idle);
+            for key in keys {
+                self.sweep_key(shard, key, now, unexpected_data);
             }
-            state.count += kept_count;
-            while state.count > self.size {
-                state.pop_oldest();
-            }
+        }
+    }
+
+    fn sweep_key(&self, shard: &Mutex<State>, key: u64, now: Instant, unexpected_data: &AtomicU64) {
+        let checked = {
+            let mut state = shard.lock();
+            let Some(queue) = state.by_key.get_mut(&key) else {
+                return;
+            };
+            let checked = std::mem::take(queue);
+            state.count -= checked.len();
+            checked
+        };
+        let kept: Vec<Idle> = checked
+            .into_iter()
+            .filter_map(|mut idle| {
+                let reusable =
+                    !idle.expired(now) && test_reusable_stream(&mut idle.stream, unexpected_data);
+                reusable.then_some(idle)
+            })
+            .collect();
+        let mut state = shard.lock();
+        // Released before anything put back meanwhile: in front, in their order.
+        let queue = state.by_key.entry(key).or_default();
+        let kept_count = kept.len();
+        for idle in kept.into_iter().rev() {
+            queue.push_front(idle);
+        }
+        state.count += kept_count;
+        while state.count > self.size {
+            state.pop_oldest();
         }
     }
 }
