@@ -67,22 +67,7 @@ fn one_request(conn: &mut TcpStream, reader: &mut BufReader<TcpStream>) {
 #[test]
 fn more_concurrent_requests_than_the_old_pool_held_reuse_their_connections() {
     let (upstream, accepted) = counting_upstream();
-    let sluice = Sluice::start(&format!(
-        r#"
-[server]
-listen = ["{{listen}}"]
-threads = 1
-access_log = "off"
-[admin]
-listen = "{{admin}}"
-[upstreams.u]
-servers = ["{}"]
-[[routes]]
-name = "all"
-upstream = "u"
-"#,
-        upstream.addr
-    ));
+    let sluice = Sluice::start(&pool_config(upstream.addr, ""));
     let addr: SocketAddr = sluice.addr;
     let barrier = Arc::new(Barrier::new(CLIENTS));
     let clients: Vec<_> = (0..CLIENTS)
