@@ -55,6 +55,20 @@ fn connect(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// A connection from `local` (another loopback address than the harness's 127.0.0.1), so a
+/// per-address count sees only this test's connections: `Sluice::start`'s readiness probe,
+/// accepted late by a loaded worker thread, once took one of them.
+fn connect_from(local: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let s =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    s.bind(&SocketAddr::from((local, 0)).into())
+        .expect("bind a loopback address");
+    s.connect(&addr.into()).expect("connect to sluice");
+    let s = TcpStream::from(s);
+    s.set_nodelay(true).expect("nodelay");
+    s
+}
+
 /// Reads until the peer closes or `limit` passes; returns the bytes and when it closed.
 fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, Option<Duration>) {
     let start = Instant::now();
@@ -252,21 +266,25 @@ fn an_idle_keep_alive_connection_is_closed_after_idle_timeout() {
 
 #[test]
 fn the_per_ip_cap_closes_the_next_connection_and_counts_it() {
+    const CLIENT: [u8; 4] = [127, 0, 0, 2];
     let up = Upstream::start("up");
     let sluice = Sluice::start(&config("max_connections_per_ip = 3", up.addr));
+    let hello = |s: &mut TcpStream| {
+        s.write_all(b"GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .expect("request");
+        read_response(s).status
+    };
     let mut held: Vec<TcpStream> = (0..3)
         .map(|_| {
-            let mut s = connect(sluice.addr);
-            s.write_all(b"GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n")
-                .expect("request");
-            assert_eq!(read_response(&mut s).status, 200);
+            let mut s = connect_from(CLIENT, sluice.addr);
+            assert_eq!(hello(&mut s), 200);
             s
         })
         .collect();
     assert!(sluice.wait_for(Duration::from_secs(2), || {
         sluice.metric(r#"sluice_connections{protocol="http1"}"#) == 3.0
     }));
-    let mut fourth = connect(sluice.addr);
+    let mut fourth = connect_from(CLIENT, sluice.addr);
     let _ = fourth.write_all(b"GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n");
     let (bytes, closed) = read_until_closed(&mut fourth, Duration::from_secs(2));
     assert!(bytes.is_empty(), "{}", String::from_utf8_lossy(&bytes));
@@ -278,16 +296,15 @@ fn the_per_ip_cap_closes_the_next_connection_and_counts_it() {
         sluice.metric(r#"sluice_connections_rejected_total{reason="per_ip"}"#),
         1.0
     );
+    // Another address is not counted with this one.
+    assert_eq!(sluice.get("/hello").status, 200);
     // The held connections still work, and closing one frees a slot.
-    held[0]
-        .write_all(b"GET /hello HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .expect("request");
-    assert_eq!(read_response(&mut held[0]).status, 200);
+    assert_eq!(hello(&mut held[0]), 200);
     drop(held.pop());
     assert!(sluice.wait_for(Duration::from_secs(2), || {
         sluice.metric(r#"sluice_connections{protocol="http1"}"#) == 2.0
     }));
-    assert_eq!(sluice.get("/hello").status, 200);
+    assert_eq!(hello(&mut connect_from(CLIENT, sluice.addr)), 200);
 }
 
 /// An upstream that records every byte it receives and answers 200 once a request's
