@@ -3,6 +3,7 @@
 //! body's length, X-Forwarded-For).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -36,7 +37,7 @@ pub struct Tries {
 }
 
 /// `upstream_peer`: the route's upstream picks a server not yet tried while another is left.
-pub fn peer(ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+pub fn peer(ctx: &mut Ctx) -> Result<Arc<HttpPeer>> {
     let (Some(gateway), Some(route)) = (&ctx.gateway, ctx.route.id) else {
         return Err(Error::new(ErrorType::InternalError));
     };

@@ -109,8 +109,17 @@ impl ProxyHttp for Proxy {
         Ok(true)
     }
 
+    /// Pingora's boxed form, which its proxy no longer calls: `shared_upstream_peer` answers.
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        forward::peer(ctx)
+        forward::peer(ctx).map(|peer| Box::new(HttpPeer::clone(&peer)))
+    }
+
+    fn shared_upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut Ctx,
+    ) -> Option<Result<Arc<HttpPeer>>> {
+        Some(forward::peer(ctx))
     }
 
     fn fail_to_connect(

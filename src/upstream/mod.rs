@@ -85,16 +85,27 @@ impl Upstream {
     }
 
     /// The peer of one try: a server never in `tried` while another is left, with the
-    /// upstream's TLS, protocol and timeouts.
-    pub fn peer(&self, client_ip: IpAddr, tried: &[SocketAddr]) -> (SocketAddr, Box<HttpPeer>) {
-        let server = self.pool.pick(client_ip, tried);
+    /// upstream's TLS, protocol and timeouts (built once per server, then shared).
+    pub fn peer(&self, client_ip: IpAddr, tried: &[SocketAddr]) -> (SocketAddr, Arc<HttpPeer>) {
+        let picked = self.pool.pick(client_ip, tried);
+        let peer = match &picked.server {
+            Some(server) => server
+                .peer
+                .get_or_init(|| Arc::new(self.new_peer(server.addr)))
+                .clone(),
+            None => Arc::new(self.new_peer(picked.addr)),
+        };
+        (picked.addr, peer)
+    }
+
+    fn new_peer(&self, addr: SocketAddr) -> HttpPeer {
         let cfg = &self.pool.config;
         let sni = match (cfg.tls, cfg.sni.is_empty()) {
             (false, _) => String::new(),
-            (true, true) => server.addr.ip().to_string(),
+            (true, true) => addr.ip().to_string(),
             (true, false) => cfg.sni.clone(),
         };
-        let mut peer = HttpPeer::new(server.addr, cfg.tls, sni);
+        let mut peer = HttpPeer::new(addr, cfg.tls, sni);
         if cfg.tls {
             // `ca_file`, `client_cert` (DESIGN §20): shared, built at config load.
             self.tls.apply(&mut peer);
@@ -109,7 +120,7 @@ impl Upstream {
         peer.options.total_connection_timeout = Some(cfg.connect_timeout);
         peer.options.read_timeout = Some(cfg.read_timeout);
         peer.options.idle_timeout = Some(cfg.keepalive_timeout);
-        (server.addr, Box::new(peer))
+        peer
     }
 }
 

@@ -29,7 +29,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -70,12 +70,17 @@ pub struct Server {
     /// since `Pool::born`; 0 = in service).
     out_until_ms: AtomicU64,
     gauge: IntGauge,
+    /// The peer of every try to this server, built at the first (`Upstream::peer`) and
+    /// shared: a peer boxed per try was 672 bytes written into memory that is cold when
+    /// many connections are in flight. A config load builds new servers, so new peers.
+    pub peer: OnceLock<Arc<HttpPeer>>,
 }
 
-/// What `Pool::pick` chose: the address a request connects to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What `Pool::pick` chose: the address a request connects to, and its server (`None`
+/// only for a pool without servers, which neither a load nor re-resolving leaves).
 pub struct Picked {
     pub addr: SocketAddr,
+    pub server: Option<Arc<Server>>,
 }
 
 /// A pool's servers: fixed for the life of the pool, or, with `resolve`, a set that
@@ -269,7 +274,10 @@ impl Pool {
         if let [only] = servers {
             // Every path below ends at the one server; skip the balancer's walk (about 2 %
             // of a proxied request's instructions, callgrind).
-            return Picked { addr: only.addr };
+            return Picked {
+                addr: only.addr,
+                server: Some(only.clone()),
+            };
         }
         let mut octets = [0u8; 16];
         let key: &[u8] = match client_ip {
@@ -290,19 +298,15 @@ impl Pool {
                 healthy && fresh(b) && server_of(servers, b).is_some_and(|s| s.in_service(now))
             })
             .or_else(|| self.select(key, steps, |b, _| fresh(b)));
-        let addr = chosen
-            .and_then(|b| server_of(servers, &b).map(|s| s.addr))
-            .or_else(|| {
-                servers
-                    .iter()
-                    .find(|s| !tried.contains(&s.addr))
-                    .map(|s| s.addr)
-            })
-            .or_else(|| servers.first().map(|s| s.addr));
+        let server = chosen
+            .and_then(|b| server_of(servers, &b))
+            .or_else(|| servers.iter().find(|s| !tried.contains(&s.addr)))
+            .or_else(|| servers.first());
         // `servers` is never empty (a pool needs one server to load; re-resolving keeps the
         // last good addresses rather than none).
         Picked {
-            addr: addr.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+            addr: server.map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |s| s.addr),
+            server: server.cloned(),
         }
     }
 
@@ -539,6 +543,7 @@ impl Server {
             checked_up: AtomicBool::new(true),
             fails: AtomicU32::new(0),
             out_until_ms: AtomicU64::new(0),
+            peer: OnceLock::new(),
         }
     }
 

@@ -407,7 +407,12 @@ where
         SV: ProxyHttp + Send + Sync,
         SV::CTX: Send + Sync,
     {
-        let peer = match self.inner.upstream_peer(session, ctx).await {
+        // sluice: a peer the implementation shares, or one boxed for this try.
+        let peer = match self.inner.shared_upstream_peer(session, ctx) {
+            Some(peer) => peer,
+            None => self.inner.upstream_peer(session, ctx).await.map(Arc::from),
+        };
+        let peer = match peer {
             Ok(p) => p,
             Err(e) => return (false, Some(e)),
         };

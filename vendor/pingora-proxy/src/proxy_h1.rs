@@ -146,7 +146,9 @@ where
 
         // Shared signal so the upstream half can distinguish an expected task-pipe
         // closure (the downstream half finished and dropped rx) from an unexpected one.
-        let pipe_state = Arc::new(AtomicU8::new(PipeState::Active as u8));
+        // sluice: on this future's frame, lent to both halves (they are joined below), rather
+        // than an `Arc` allocated per request.
+        let pipe_state = AtomicU8::new(PipeState::Active as u8);
 
         // start bi-directional streaming
         let ret = tokio::try_join!(
@@ -157,9 +159,9 @@ where
                 ctx,
                 &mut downstream_custom_message_writer,
                 &mut downstream_custom_message_reader,
-                pipe_state.clone(),
+                &pipe_state,
             ),
-            self.proxy_handle_upstream(client_session, tx_upstream, rx_downstream, pipe_state),
+            self.proxy_handle_upstream(client_session, tx_upstream, rx_downstream, &pipe_state),
         );
 
         if let Some(custom_session) = session.downstream_session.as_custom_mut() {
@@ -250,7 +252,7 @@ where
         client_session: &mut HttpSessionV1,
         tx: mpsc::Sender<HttpTask>,
         mut rx: mpsc::Receiver<HttpTask>,
-        pipe_state: Arc<AtomicU8>,
+        pipe_state: &AtomicU8,
     ) -> Result<bool>
     where
         SV: ProxyHttp + Send + Sync,
@@ -451,7 +453,7 @@ where
         downstream_custom_message_reader: &mut Option<
             Box<dyn futures::Stream<Item = Result<Bytes>> + Unpin + Send + Sync + 'static>,
         >,
-        pipe_state: Arc<AtomicU8>,
+        pipe_state: &AtomicU8,
     ) -> Result<bool>
     where
         SV: ProxyHttp + Send + Sync,

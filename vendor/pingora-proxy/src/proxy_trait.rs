@@ -62,6 +62,18 @@ pub trait ProxyHttp {
         ctx: &mut Self::CTX,
     ) -> Result<Box<HttpPeer>>;
 
+    /// sluice: the peer of this try, shared rather than boxed per try. An implementation
+    /// that keeps one `Arc` per server returns it here, and [Self::upstream_peer] is not
+    /// called; a fresh box per try is 672 bytes written into memory that is cold when
+    /// many connections are in flight. `None` (the default): [Self::upstream_peer].
+    fn shared_upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut Self::CTX,
+    ) -> Option<Result<std::sync::Arc<HttpPeer>>> {
+        None
+    }
+
     /// Set up downstream modules.
     ///
     /// In this phase, users can add or configure [HttpModules] before the server starts up.
