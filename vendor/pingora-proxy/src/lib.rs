@@ -90,6 +90,8 @@ mod proxy_cache;
 mod proxy_common;
 mod proxy_custom;
 mod proxy_h1;
+// sluice: the HTTP/1 halves' task pipe (replaces two tokio mpsc channels per request).
+mod pipe;
 mod proxy_h2;
 mod proxy_purge;
 mod proxy_trait;

@@ -18,6 +18,10 @@ use futures::StreamExt;
 use super::*;
 use crate::proxy_cache::{range_filter::RangeBodyFilter, ServeFromCache};
 use crate::proxy_common::*;
+
+type TaskPipe = crate::pipe::Pipe<HttpTask, TASK_BUFFER_SIZE>;
+type TaskSender<'a> = crate::pipe::Sender<'a, HttpTask, TASK_BUFFER_SIZE>;
+type TaskReceiver<'a> = crate::pipe::Receiver<'a, HttpTask, TASK_BUFFER_SIZE>;
 use pingora_cache::CachePhase;
 use pingora_core::protocols::http::{
     authority::{raw_target_authority, validate_request_authority},
@@ -139,8 +143,11 @@ where
             Err(e) => return (false, false, Some(e)),
         };
 
-        let (tx_upstream, rx_upstream) = mpsc::channel::<HttpTask>(TASK_BUFFER_SIZE);
-        let (tx_downstream, rx_downstream) = mpsc::channel::<HttpTask>(TASK_BUFFER_SIZE);
+        // sluice: the pipes live on this future's frame (crate::pipe), lent to both halves.
+        let upstream_pipe = TaskPipe::new();
+        let downstream_pipe = TaskPipe::new();
+        let (tx_upstream, rx_upstream) = upstream_pipe.ends();
+        let (tx_downstream, rx_downstream) = downstream_pipe.ends();
 
         session.as_mut().enable_retry_buffering();
 
@@ -250,8 +257,8 @@ where
     async fn proxy_handle_upstream(
         &self,
         client_session: &mut HttpSessionV1,
-        tx: mpsc::Sender<HttpTask>,
-        mut rx: mpsc::Receiver<HttpTask>,
+        tx: TaskSender<'_>,
+        mut rx: TaskReceiver<'_>,
         pipe_state: &AtomicU8,
     ) -> Result<bool>
     where
@@ -367,7 +374,7 @@ where
         session: &mut Session,
         ctx: &mut SV::CTX,
         initial_task: HttpTask,
-        rx: &mut mpsc::Receiver<HttpTask>,
+        rx: &mut TaskReceiver<'_>,
         serve_from_cache: &mut ServeFromCache,
         range_body_filter: &mut proxy_cache::range_filter::RangeBodyFilter,
         response_state: &mut ResponseStateMachine,
@@ -446,8 +453,8 @@ where
     async fn proxy_handle_downstream(
         &self,
         session: &mut Session,
-        tx: mpsc::Sender<HttpTask>,
-        mut rx: mpsc::Receiver<HttpTask>,
+        tx: TaskSender<'_>,
+        mut rx: TaskReceiver<'_>,
         ctx: &mut SV::CTX,
         downstream_custom_message_writer: &mut Option<Box<dyn CustomMessageWrite>>,
         downstream_custom_message_reader: &mut Option<
@@ -1024,7 +1031,7 @@ where
         session: &mut Session,
         mut data: Option<Bytes>,
         end_of_body: bool,
-        tx: mpsc::Permit<'_, HttpTask>,
+        tx: crate::pipe::Permit<'_, HttpTask, TASK_BUFFER_SIZE>,
         ctx: &mut SV::CTX,
     ) -> Result<bool>
     where
