@@ -1,12 +1,13 @@
 // sluice: the bounded pipe of tasks between the two halves of an HTTP/1 proxy session.
 //
-// The halves run joined in one future (`proxy_1to1`), so the pipe can live on that future's
-// frame and be lent to both. tokio's mpsc, used before, allocated a channel and a block of
-// 32 slots per direction per request: memory written fresh for every request, and cold when
-// many connections are in flight. The behaviour the halves rely on is tokio's: `capacity`
-// permits; a permit reserved is a slot held until it is used or dropped; `recv` is cancel
-// safe and gives `None` once the sender is gone and the pipe is empty; sending fails once
-// the receiver is gone (`is_closed`).
+// The halves run joined in one future (`proxy_1to1`), so its two pipes can be one small
+// allocation that future owns and lends to both halves. tokio's mpsc, used before, allocated
+// a channel and a block of 32 slots per direction per request: four allocations written
+// fresh for every request, and cold when many connections are in flight. (On the future's
+// frame instead, the pipes grew every connection's task, idle ones included, by 1 KiB.)
+// The behaviour the halves rely on is tokio's: `N` permits; a permit reserved is a slot
+// held until it is used or dropped; `recv` is cancel safe and gives `None` once the sender
+// is gone and the pipe is empty; sending fails once the receiver is gone (`is_closed`).
 
 use std::fmt;
 use std::future::poll_fn;

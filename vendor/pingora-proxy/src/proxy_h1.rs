@@ -143,11 +143,10 @@ where
             Err(e) => return (false, false, Some(e)),
         };
 
-        // sluice: the pipes live on this future's frame (crate::pipe), lent to both halves.
-        let upstream_pipe = TaskPipe::new();
-        let downstream_pipe = TaskPipe::new();
-        let (tx_upstream, rx_upstream) = upstream_pipe.ends();
-        let (tx_downstream, rx_downstream) = downstream_pipe.ends();
+        // sluice: both pipes in one box (crate::pipe), lent to both halves.
+        let pipes = Box::new([TaskPipe::new(), TaskPipe::new()]);
+        let (tx_upstream, rx_upstream) = pipes[0].ends();
+        let (tx_downstream, rx_downstream) = pipes[1].ends();
 
         session.as_mut().enable_retry_buffering();
 
