@@ -87,15 +87,17 @@ impl Upstream {
     /// The peer of one try: a server never in `tried` while another is left, with the
     /// upstream's TLS, protocol and timeouts (built once per server, then shared).
     pub fn peer(&self, client_ip: IpAddr, tried: &[SocketAddr]) -> (SocketAddr, Arc<HttpPeer>) {
-        let picked = self.pool.pick(client_ip, tried);
-        let peer = match &picked.server {
-            Some(server) => server
-                .peer
-                .get_or_init(|| Arc::new(self.new_peer(server.addr)))
-                .clone(),
-            None => Arc::new(self.new_peer(picked.addr)),
-        };
-        (picked.addr, peer)
+        self.pool
+            .pick_with(client_ip, tried, |server| match server {
+                Some(s) => {
+                    let peer = s.peer.get_or_init(|| Arc::new(self.new_peer(s.addr)));
+                    (s.addr, peer.clone())
+                }
+                None => {
+                    let addr = SocketAddr::from(([0, 0, 0, 0], 0));
+                    (addr, Arc::new(self.new_peer(addr)))
+                }
+            })
     }
 
     fn new_peer(&self, addr: SocketAddr) -> HttpPeer {

@@ -76,11 +76,11 @@ pub struct Server {
     pub peer: OnceLock<Arc<HttpPeer>>,
 }
 
-/// What `Pool::pick` chose: the address a request connects to, and its server (`None`
-/// only for a pool without servers, which neither a load nor re-resolving leaves).
-pub struct Picked {
-    pub addr: SocketAddr,
-    pub server: Option<Arc<Server>>,
+/// What `Pool::pick` chose: the address a request connects to.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Picked {
+    addr: SocketAddr,
 }
 
 /// A pool's servers: fixed for the life of the pool, or, with `resolve`, a set that
@@ -263,21 +263,38 @@ impl Pool {
 
     /// A server for this request, never one in `tried` while another is left: a healthy one
     /// in service if there is one, else any (when every server is down, all are tried rather
-    /// than none). With `hash` the client's IP picks its place on the ketama ring.
+    /// than none). With `hash` the client's IP picks its place on the ketama ring. `f` sees
+    /// it while the set is held, so no reference count is touched (`None` only for a pool
+    /// without servers, which neither a load nor re-resolving leaves).
     #[inline]
-    pub fn pick(&self, client_ip: IpAddr, tried: &[SocketAddr]) -> Picked {
+    pub fn pick_with<R>(
+        &self,
+        client_ip: IpAddr,
+        tried: &[SocketAddr],
+        f: impl FnOnce(Option<&Server>) -> R,
+    ) -> R {
         self.servers
-            .with(|servers| self.pick_in(servers, client_ip, tried))
+            .with(|servers| f(self.pick_in(servers, client_ip, tried)))
     }
 
-    fn pick_in(&self, servers: &[Arc<Server>], client_ip: IpAddr, tried: &[SocketAddr]) -> Picked {
+    /// `pick_with`'s address.
+    #[cfg(test)]
+    fn pick(&self, client_ip: IpAddr, tried: &[SocketAddr]) -> Picked {
+        self.pick_with(client_ip, tried, |server| Picked {
+            addr: server.map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |s| s.addr),
+        })
+    }
+
+    fn pick_in<'s>(
+        &self,
+        servers: &'s [Arc<Server>],
+        client_ip: IpAddr,
+        tried: &[SocketAddr],
+    ) -> Option<&'s Server> {
         if let [only] = servers {
             // Every path below ends at the one server; skip the balancer's walk (about 2 %
             // of a proxied request's instructions, callgrind).
-            return Picked {
-                addr: only.addr,
-                server: Some(only.clone()),
-            };
+            return Some(only);
         }
         let mut octets = [0u8; 16];
         let key: &[u8] = match client_ip {
@@ -298,16 +315,11 @@ impl Pool {
                 healthy && fresh(b) && server_of(servers, b).is_some_and(|s| s.in_service(now))
             })
             .or_else(|| self.select(key, steps, |b, _| fresh(b)));
-        let server = chosen
+        chosen
             .and_then(|b| server_of(servers, &b))
             .or_else(|| servers.iter().find(|s| !tried.contains(&s.addr)))
-            .or_else(|| servers.first());
-        // `servers` is never empty (a pool needs one server to load; re-resolving keeps the
-        // last good addresses rather than none).
-        Picked {
-            addr: server.map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |s| s.addr),
-            server: server.cloned(),
-        }
+            .or_else(|| servers.first())
+            .map(|s| &**s)
     }
 
     /// `steps`: enough to walk the whole ketama ring (160 points per server); the weighted
