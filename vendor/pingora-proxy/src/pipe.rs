@@ -70,6 +70,20 @@ impl<T, const N: usize> Pipe<T, N> {
     }
 }
 
+impl<T, const N: usize> State<T, N> {
+    /// Promises a slot to a sender (`reserve` and `try_reserve` alike).
+    fn take_slot(&mut self) -> Result<(), TryReserveError> {
+        if self.receiver_gone {
+            return Err(TryReserveError::Closed);
+        }
+        if self.len + self.reserved == N {
+            return Err(TryReserveError::Full);
+        }
+        self.reserved += 1;
+        Ok(())
+    }
+}
+
 fn wake(waiting: &mut Option<Waker>) {
     if let Some(w) = waiting.take() {
         w.wake();
@@ -95,15 +109,14 @@ pub(crate) struct Permit<'a, T, const N: usize> {
 impl<'a, T, const N: usize> Sender<'a, T, N> {
     fn poll_reserve(&self, cx: &Context<'_>) -> Poll<Result<Permit<'_, T, N>, Closed>> {
         let mut s = self.pipe.lock();
-        if s.receiver_gone {
-            return Poll::Ready(Err(Closed));
+        match s.take_slot() {
+            Ok(()) => Poll::Ready(Ok(Permit { pipe: self.pipe })),
+            Err(TryReserveError::Closed) => Poll::Ready(Err(Closed)),
+            Err(TryReserveError::Full) => {
+                park(&mut s.sender_waiting, cx);
+                Poll::Pending
+            }
         }
-        if s.len + s.reserved < N {
-            s.reserved += 1;
-            return Poll::Ready(Ok(Permit { pipe: self.pipe }));
-        }
-        park(&mut s.sender_waiting, cx);
-        Poll::Pending
     }
 
     /// Waits for a free slot.
@@ -113,15 +126,8 @@ impl<'a, T, const N: usize> Sender<'a, T, N> {
 
     /// A free slot now, or why not (`Closed`, or the pipe is full).
     pub(crate) fn try_reserve(&self) -> Result<Permit<'_, T, N>, TryReserveError> {
-        let mut s = self.pipe.lock();
-        if s.receiver_gone {
-            return Err(TryReserveError::Closed);
-        }
-        if s.len + s.reserved < N {
-            s.reserved += 1;
-            return Ok(Permit { pipe: self.pipe });
-        }
-        Err(TryReserveError::Full)
+        self.pipe.lock().take_slot()?;
+        Ok(Permit { pipe: self.pipe })
     }
 
     /// Waits for a free slot and sends `value` into it.
