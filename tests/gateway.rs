@@ -232,6 +232,8 @@ fn sighup_reloads_good_configs_and_keeps_the_old_one_on_bad() {
     let addr = s.addr;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sent2 = sent.clone();
     let hammer = std::thread::spawn(move || {
         let mut failures = 0;
         let mut n = 0;
@@ -240,6 +242,7 @@ fn sighup_reloads_good_configs_and_keeps_the_old_one_on_bad() {
                 failures += 1;
             }
             n += 1;
+            sent2.store(n, std::sync::atomic::Ordering::SeqCst);
         }
         (n, failures)
     });
@@ -264,6 +267,11 @@ fn sighup_reloads_good_configs_and_keeps_the_old_one_on_bad() {
         s.stderr()
     );
 
+    // The reloads take tens of milliseconds; on a loaded machine the hammer may not have
+    // had ten turns yet (it once counted exactly 10).
+    s.wait_for(Duration::from_secs(5), || {
+        sent.load(std::sync::atomic::Ordering::SeqCst) > 10
+    });
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (n, failures) = hammer.join().expect("hammer thread");
     assert!(n > 10, "only {n} requests during reloads");
