@@ -194,6 +194,12 @@ impl Limiter {
         cost: u64,
     ) -> Option<PolicyOutcome> {
         let hit = self.deny_cache.as_ref()?.get(key, now, &rule, cost)?;
+        // Units this instance holds for the key were charged already; a denial is cached
+        // beside them when a request stops waiting for a take and asks the backend, which
+        // the take has just emptied. They are admitted first (DESIGN §19: exact windows).
+        if policy.prefetch.is_some() && self.fleet.is_some() && self.shared.prefetch.holds(key) {
+            return None;
+        }
         self.metrics
             .deny_cache_hits
             .with_label_values(&[&policy.name])
@@ -275,8 +281,7 @@ impl Limiter {
         self.decision_time.observe(started.elapsed().as_secs_f64());
         match result {
             Ok(verdicts) => {
-                self.breaker.failures.store(0, Ordering::Relaxed);
-                self.backend_up.set(1);
+                self.backend_answered();
                 verdicts
                     .into_iter()
                     .map(|v| (Ok(v), self.backend.clone()))
@@ -289,9 +294,15 @@ impl Limiter {
         }
     }
 
+    /// A backend call answered: the backend is up and the breaker's count starts over.
+    pub(super) fn backend_answered(&self) {
+        self.breaker.failures.store(0, Ordering::Relaxed);
+        self.backend_up.set(1);
+    }
+
     /// Counts a failed backend call; one that was tried (not refused by an open circuit)
     /// marks the backend down and may open the circuit.
-    fn backend_failed(&self, e: &BackendError, now: u64) {
+    pub(super) fn backend_failed(&self, e: &BackendError, now: u64) {
         let name = self.backend.name();
         self.metrics
             .backend_errors

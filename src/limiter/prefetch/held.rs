@@ -226,6 +226,18 @@ impl Holder {
         Some(e)
     }
 
+    /// Whether this instance holds units of `key`: charged already, so no cached denial
+    /// may refuse a request they could admit.
+    pub(crate) fn holds(&self, key: &str) -> bool {
+        let entry = self
+            .shard(KEY_HASHER.hash_one(key))
+            .lock()
+            .entries
+            .get(key)
+            .cloned();
+        entry.is_some_and(|e| e.state.lock().held > 0)
+    }
+
     /// Drops the units held for `key` (a reset, a ban).
     pub fn drop_key(&self, key: &str) {
         let entry = self
@@ -492,6 +504,22 @@ mod tests {
         ));
         assert!(matches!(e.step(&c, 250, 16, 10_011), Step::Wait(_)));
         assert_eq!((u.taken.get(), u.used.get()), (4, 4));
+    }
+
+    #[test]
+    fn the_holder_says_whether_it_holds_units_of_a_key() {
+        let (h, u, c) = (Holder::default(), units(), check());
+        let e = (0..3)
+            .find_map(|i| h.hot_entry(&c.key, 1, 250, 16, 10_000 + i))
+            .expect("hot on the third request");
+        assert!(!h.holds(&c.key), "nothing taken yet");
+        refill(&e, 2, 10_010, &u).expect("granted").used();
+        assert!(h.holds(&c.key) && !h.holds("s:{h}:other:fixed_window"));
+        let Step::Took(t) = e.step(&c, 250, 16, 10_011) else {
+            panic!("held")
+        };
+        t.used();
+        assert!(!h.holds(&c.key), "the last unit was used");
     }
 
     #[test]

@@ -28,6 +28,10 @@
 //! nothing and the request goes the normal path, which decides, bans and caches denials
 //! as always.
 //!
+//! The deny cache: a denial cached for a key does not refuse a request while this
+//! instance holds units of it (the denial can be decided while a take is out), and a take
+//! that grants units forgets it (the key had units left).
+//!
 //! A reset, an override change or a ban (announced on the fleet's channel, `runtime`)
 //! drops the units held for the key (an override: for every key), and so does any failed
 //! backend call here: a Redis that restarted empty no longer counts them.
@@ -37,7 +41,7 @@ pub(super) mod held;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::backend::Check;
+use super::backend::{BackendError, Check};
 use super::fleet::Fleet;
 use super::pipeline::Answer;
 use super::{config, runtime, Limiter};
@@ -199,17 +203,33 @@ impl Limiter {
                         None
                     } else {
                         let call = fleet.take(check, want, back, back_at, now);
-                        match tokio::time::timeout(self.settings.timeout, call).await {
-                            Ok(Ok(taken)) => Some(taken),
-                            Ok(Err(e)) => {
+                        let result = match tokio::time::timeout(self.settings.timeout, call).await {
+                            Ok(r) => r,
+                            Err(_) => Err(BackendError::Timeout),
+                        };
+                        // Counted as the normal path counts its calls: a take that timed
+                        // out may have been charged, and the operator sees it.
+                        match result {
+                            Ok(taken) => {
+                                self.backend_answered();
+                                Some(taken)
+                            }
+                            Err(e) => {
                                 log::debug!("prefetch on {}: {e}", check.key);
+                                self.backend_failed(&e, now);
                                 None
                             }
-                            Err(_) => None,
                         }
                     };
-                    if taken.is_none() {
-                        self.shared.prefetch.drop_all();
+                    match taken {
+                        None => self.shared.prefetch.drop_all(),
+                        // The key had units left: a denial cached for it before is stale.
+                        Some(t) if t.granted > 0 => {
+                            if let Some(cache) = &self.deny_cache {
+                                cache.forget(&check.key);
+                            }
+                        }
+                        Some(_) => {}
                     }
                     let units = self.prefetch_units(route, policy);
                     return entry.refilled(check, taken, back, generation, hold, now, &units);
