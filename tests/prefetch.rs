@@ -69,6 +69,20 @@ fn ask(addr: SocketAddr, tenant: &str) -> u16 {
     panic!("no answer from {addr}: {why}");
 }
 
+/// `ask` until the answer is not 503: where a phase runs until the window is spent, a
+/// backend still away (reconnecting after a restart, its circuit open, a call timed out on
+/// a loaded machine) is not the limit's refusal. A 503 lasting 10 s fails the test.
+fn ask_settled(addr: SocketAddr, tenant: &str) -> u16 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match ask(addr, tenant) {
+            503 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            503 => panic!("{addr} answered 503 for 10 s"),
+            status => return status,
+        }
+    }
+}
+
 /// `sluice_prefetch_units_total{kind}` of route r, policy hot.
 fn units(s: &Sluice, kind: &str) -> f64 {
     s.metric(&format!(
@@ -79,6 +93,41 @@ fn units(s: &Sluice, kind: &str) -> f64 {
 /// Units an instance holds: taken, and not used, given back or dropped.
 fn held(s: &Sluice) -> f64 {
     units(s, "taken") - units(s, "used") - units(s, "returned") - units(s, "dropped")
+}
+
+/// Redis calls that failed on `s`: timed out (a loaded machine can stall one past the 2 s
+/// timeout), refused or broken. Such a call may have been charged and never answered.
+fn failed_calls(s: &Sluice) -> usize {
+    ["timeout", "connection", "script"]
+        .iter()
+        .map(|kind| {
+            s.metric(&format!(
+                "sluice_backend_errors_total{{backend=\"redis\",kind=\"{kind}\"}}"
+            )) as usize
+        })
+        .sum()
+}
+
+/// `admitted` (once every instance has used what it held) is exactly `limit` when no Redis
+/// call failed on `fleet`. A failed call may have been charged without an admission, and
+/// it drops what its instance held (DESIGN §19: under-admission, never over): then never
+/// more than the limit, and at most `2 × max` short per failure.
+fn assert_exactly_the_limit<'a>(
+    admitted: usize,
+    limit: usize,
+    max: usize,
+    fleet: impl IntoIterator<Item = &'a Sluice>,
+) {
+    let failed: usize = fleet.into_iter().map(failed_calls).sum();
+    if failed == 0 {
+        assert_eq!(admitted, limit, "admitted, with no Redis call failed");
+    } else {
+        eprintln!("{failed} Redis calls failed: {admitted} of {limit} admitted");
+        assert!(
+            admitted <= limit && admitted + failed * 2 * max >= limit,
+            "{admitted} admitted, limit {limit}, {failed} Redis calls failed"
+        );
+    }
 }
 
 /// A fixed window of `limit` an hour on one tenant's key, taking up to `max` units ahead
@@ -98,8 +147,8 @@ struct Admitted {
 }
 
 /// `clients` threads per instance send requests for `tenant` until `stop` is set, `most`
-/// were admitted, or, with `until_refused`, until each has seen three refusals in a row.
-/// Returns every admission.
+/// were admitted, or, with `until_refused`, until each has seen three refusals in a row
+/// (429s: a 503 is asked again). Returns every admission.
 fn drive(
     fleet: &[Sluice],
     clients: usize,
@@ -120,7 +169,11 @@ fn drive(
                             break;
                         }
                         let sent = Instant::now();
-                        let status = ask(addr, tenant);
+                        let status = if until_refused {
+                            ask_settled(addr, tenant)
+                        } else {
+                            ask(addr, tenant)
+                        };
                         let answered = Instant::now();
                         match status {
                             200 => {
@@ -145,13 +198,13 @@ fn drive(
 }
 
 /// Sends requests to every instance, one at a time, until each refuses three times in a
-/// row: what is still held anywhere is used. Returns how many were admitted.
+/// row (429s): what is still held anywhere is used. Returns how many were admitted.
 fn sweep(fleet: &[Sluice], tenant: &str) -> usize {
     let mut n = 0;
     for s in fleet {
         let mut refused = 0;
         while refused < 3 {
-            match hit(s, tenant) {
+            match ask_settled(s.addr, tenant) {
                 200 => {
                     n += 1;
                     refused = 0;
@@ -186,7 +239,14 @@ fn a_hot_window_admits_exactly_its_limit(
     );
     assert!(admitted.len() <= limit, "{} admitted", admitted.len());
     let total = admitted.len() + sweep(&fleet, "acme");
-    assert_eq!(total, limit);
+    assert_exactly_the_limit(total, limit, 64, &fleet);
+    // The sweep used every unit held: none is stranded (a cached denial must not refuse
+    // while its instance holds units).
+    let stranded: Vec<f64> = fleet.iter().map(held).collect();
+    assert!(
+        stranded.iter().all(|&h| h == 0.0),
+        "held after the sweep: {stranded:?}"
+    );
     // Units were taken ahead, and most admissions used them (a cold key's first requests
     // go the normal path).
     let taken: f64 = fleet.iter().map(|s| units(s, "taken")).sum();
@@ -364,7 +424,7 @@ fn a_reset_during_load_reaches_held_units_everywhere() {
         true,
         usize::MAX,
     );
-    assert_eq!(again.len() + sweep(&fleet, "acme"), limit);
+    assert_exactly_the_limit(again.len() + sweep(&fleet, "acme"), limit, 64, &fleet);
 }
 
 /// An instance killed while holding units strands at most `max` of them: the others
@@ -415,7 +475,7 @@ fn an_instance_killed_holding_units_strands_at_most_max() {
         total + max >= limit,
         "{total} admitted: more than max stranded"
     );
-    assert_eq!(total as f64 + held, limit as f64);
+    assert_exactly_the_limit(total + held as usize, limit, max, &fleet);
 }
 
 /// Wall-clock ms since the Unix epoch: the windows are aligned to it (DESIGN §3).
@@ -543,7 +603,12 @@ fn a_redis_restart_during_load_never_admits_more_than_the_limit() {
     // Under-admission only, and bounded: per instance what it held when a call failed
     // (dropped) and what a take lost with the server took (charged, never answered), at
     // most max each; and the requests in flight at the kill (charged, answered 503).
-    assert!(total + 3 * 2 * max + 12 >= limit, "{total} admitted");
+    assert!(
+        total + 3 * 2 * max + 12 >= limit,
+        "{total} admitted: {} before, {} during, {after} after the restart",
+        before.len(),
+        during.len()
+    );
 }
 
 /// On the memory backend `prefetch` is accepted and changes nothing: exactly the limit,
@@ -643,7 +708,7 @@ fn held_units_are_used_only_when_every_other_policy_allows() {
         true,
         usize::MAX,
     );
-    assert_eq!(admitted.len() + sweep(fleet, "acme"), 100);
+    assert_exactly_the_limit(admitted.len() + sweep(fleet, "acme"), 100, 64, fleet);
     let (before, used) = (held(&s), units(&s, "used"));
     assert!(used <= 100.0, "{used}");
     // Refused by `small`: nothing of `hot` is used, nothing held is lost.
@@ -713,7 +778,12 @@ fn rls_calls_on_one_hot_descriptor_admit_exactly_a_windows_limit() {
             }
         }
     }
-    assert_eq!(concurrent + swept, limit, "{concurrent} + {swept} swept");
+    assert_exactly_the_limit(
+        concurrent + swept,
+        limit,
+        64,
+        fleet.iter().map(|s| &s.sluice),
+    );
     let units = |s: &rls::RlsSluice, kind: &str| {
         s.sluice.metric(&format!(
             "sluice_prefetch_units_total{{kind=\"{kind}\",policy=\"hot\",route=\"rls:edge\"}}"
