@@ -47,7 +47,7 @@ use super::pipeline::Answer;
 use super::{config, runtime, Limiter};
 use crate::config::{OnError, Policy};
 use crate::metrics::Metrics;
-use held::{Step, Ticket, Units};
+use held::{Step, Taken, Ticket, Units};
 
 impl Limiter {
     /// The store prefetch takes units from, when one of `checked` (indexes into `policies`)
@@ -197,46 +197,55 @@ impl Limiter {
                     back_at,
                     generation,
                 } => {
-                    // Nothing to ask a backend whose circuit is open.
-                    let open = self.breaker.is_open(now);
-                    let taken = if open {
-                        None
-                    } else {
-                        let call = fleet.take(check, want, back, back_at, now);
-                        let result = match tokio::time::timeout(self.settings.timeout, call).await {
-                            Ok(r) => r,
-                            Err(_) => Err(BackendError::Timeout),
-                        };
-                        // Counted as the normal path counts its calls: a take that timed
-                        // out may have been charged, and the operator sees it.
-                        match result {
-                            Ok(taken) => {
-                                self.backend_answered();
-                                Some(taken)
-                            }
-                            Err(e) => {
-                                log::debug!("prefetch on {}: {e}", check.key);
-                                self.backend_failed(&e, now);
-                                None
-                            }
-                        }
-                    };
-                    match taken {
-                        None => self.shared.prefetch.drop_all(),
-                        // The key had units left: a denial cached for it before is stale.
-                        Some(t) if t.granted > 0 => {
-                            if let Some(cache) = &self.deny_cache {
-                                cache.forget(&check.key);
-                            }
-                        }
-                        Some(_) => {}
-                    }
+                    let taken = self.take(fleet, check, want, back, back_at, now).await;
                     let units = self.prefetch_units(route, policy);
                     return entry.refilled(check, taken, back, generation, hold, now, &units);
                 }
             }
         }
         None
+    }
+
+    /// One take from the store (`lua/prefetch.lua`), bounded by the timeout and counted as
+    /// a decision's call is; None when the circuit is open or the call failed, which drops
+    /// every unit held (a take that timed out may have been charged all the same).
+    async fn take(
+        &self,
+        fleet: &dyn Fleet,
+        check: &Check,
+        want: u64,
+        back: u64,
+        back_at: u64,
+        now: u64,
+    ) -> Option<Taken> {
+        if self.breaker.is_open(now) {
+            // Nothing to ask a backend whose circuit is open (the normal path counts it).
+            self.shared.prefetch.drop_all();
+            return None;
+        }
+        let call = fleet.take(check, want, back, back_at, now);
+        let result = match tokio::time::timeout(self.settings.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(BackendError::Timeout),
+        };
+        match result {
+            Ok(taken) => {
+                self.backend_answered();
+                // The key had units left: a denial cached for it before is stale.
+                if taken.granted > 0 {
+                    if let Some(cache) = &self.deny_cache {
+                        cache.forget(&check.key);
+                    }
+                }
+                Some(taken)
+            }
+            Err(e) => {
+                log::debug!("prefetch on {}: {e}", check.key);
+                self.backend_failed(&e, now);
+                self.shared.prefetch.drop_all();
+                None
+            }
+        }
     }
 
     /// The counters a key's units are counted under: its route's and policy's.
