@@ -100,7 +100,7 @@ pub fn raw_call_to(
         .build()
         .expect("runtime");
     rt.block_on(async move {
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let tcp = connect(addr).await;
         let (mut client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
         tokio::spawn(conn);
         let req = ::http::Request::builder()
@@ -138,6 +138,21 @@ pub fn raw_call_to(
         drop(send);
         (code, Some(bytes[5..].to_vec()))
     })
+}
+
+/// A connection to `addr`, tried again for up to 5 s: after thousands of short calls the
+/// machine can run out of ports, and nothing is sent before it connects.
+async fn connect(addr: SocketAddr) -> tokio::net::TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(tcp) => return tcp,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            Err(e) => panic!("connect to {addr}: {e}"),
+        }
+    }
 }
 
 /// ShouldRateLimit with the message `message`: the answer, or the gRPC status it failed with.
