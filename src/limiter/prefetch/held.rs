@@ -229,26 +229,20 @@ impl Holder {
     /// Whether this instance holds units of `key`: charged already, so no cached denial
     /// may refuse a request they could admit.
     pub(crate) fn holds(&self, key: &str) -> bool {
-        let entry = self
-            .shard(KEY_HASHER.hash_one(key))
-            .lock()
-            .entries
-            .get(key)
-            .cloned();
-        entry.is_some_and(|e| e.state.lock().held > 0)
+        self.entry(key).is_some_and(|e| e.state.lock().held > 0)
     }
 
     /// Drops the units held for `key` (a reset, a ban).
     pub fn drop_key(&self, key: &str) {
-        let entry = self
-            .shard(KEY_HASHER.hash_one(key))
-            .lock()
-            .entries
-            .get(key)
-            .cloned();
-        if let Some(e) = entry {
+        if let Some(e) = self.entry(key) {
             e.drop_held();
         }
+    }
+
+    /// `key`'s entry, if it turned hot (taken out of the shard's lock).
+    fn entry(&self, key: &str) -> Option<Arc<Entry>> {
+        let shard = self.shard(KEY_HASHER.hash_one(key)).lock();
+        shard.entries.get(key).cloned()
     }
 
     /// Drops every unit held (an override changed, the backend failed or changed).
